@@ -1,0 +1,274 @@
+"""Suffix index over token ids: where did the current suffix of the context occur before?
+
+The index holds several sources of tokens:
+
+* source 0, the *running context* (prompt + output so far). It grows by `extend` and shrinks
+  by `truncate` (rollback after a rejected draft);
+* sources 1.., *reference* texts the caller registers (the file under edit, retrieved
+  passages). They are static.
+
+For every source it keeps, for each n in `ngram_sizes`, a table from an n-gram key to the
+list of positions where that n-gram *ends* (the continuation starts there). Appending a
+token adds one entry per table: O(1) amortised, no rescan. A query looks up the last n tokens
+of the context (largest n first), then measures the true match length of the most recent
+candidates of each source in one vectorised comparison, capped at `max_match` tokens.
+
+Why not a suffix automaton or pyahocorasick: an Aho-Corasick automaton matches a fixed set
+of patterns built up front; here the "patterns" (every suffix of a growing, rolled-back
+context) change at every token, and rebuilding costs a scan. Hashed n-gram tables plus a
+bounded backward comparison give the same answer (the longest suffix that occurred before,
+up to `max_match`) in microseconds, with memory linear in indexed tokens and an exact undo.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+CONTEXT = 0  # source id of the running context
+
+_KEY_BITS = 20  # token ids up to ~1M; keys are exact (no hash collisions)
+
+
+def _key(tokens: Sequence[int]) -> int:
+    key = 0
+    for t in tokens:
+        key = (key << _KEY_BITS) | int(t)
+    return key
+
+
+class _Source:
+    """Tokens of one source in a growable int32 array, with its n-gram position tables."""
+
+    __slots__ = ("tokens", "size", "tables", "ngram_sizes")
+
+    def __init__(self, ngram_sizes: tuple[int, ...], capacity: int = 1024):
+        self.tokens = np.zeros(max(16, capacity), dtype=np.int32)
+        self.size = 0
+        self.ngram_sizes = ngram_sizes
+        self.tables: dict[int, dict[int, list[int]]] = {n: {} for n in ngram_sizes}
+
+    def view(self) -> np.ndarray:
+        return self.tokens[: self.size]
+
+    def append(self, token: int) -> None:
+        if self.size == len(self.tokens):
+            grown = np.zeros(2 * len(self.tokens), dtype=np.int32)
+            grown[: self.size] = self.tokens[: self.size]
+            self.tokens = grown
+        self.tokens[self.size] = token
+        self.size += 1
+        end = self.size
+        for n in self.ngram_sizes:
+            if end >= n:
+                key = _key(self.tokens[end - n : end].tolist())
+                table = self.tables[n]
+                positions = table.get(key)
+                if positions is None:
+                    table[key] = [end]
+                else:
+                    positions.append(end)
+
+    def pop(self) -> None:
+        end = self.size
+        for n in self.ngram_sizes:
+            if end >= n:
+                table = self.tables[n]
+                key = _key(self.tokens[end - n : end].tolist())
+                positions = table[key]
+                assert positions[-1] == end, "index tables out of order"
+                positions.pop()
+                if not positions:
+                    del table[key]
+        self.size -= 1
+
+
+@dataclass(frozen=True)
+class Match:
+    """The longest suffix of the context that occurred before, and where.
+
+    `positions[i]` is (source id, position) where the continuation starts, i.e. the tokens
+    `source[position - length : position]` equal the last `length` tokens of the context.
+    Ordered by preference: most recent occurrence in the context first, then references.
+    """
+
+    length: int
+    positions: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class Branch:
+    """One node of a continuation trie: a token, how many occurrences pass through it."""
+
+    token: int
+    count: int
+    children: list["Branch"] = field(default_factory=list)
+
+
+class SuffixIndex:
+    """Incremental suffix index over the running context and registered references.
+
+    >>> idx = SuffixIndex()
+    >>> idx.extend([1, 2, 3, 4, 1, 2])
+    >>> m = idx.query()
+    >>> m.length, m.positions
+    (2, ((0, 2),))
+    >>> idx.continuation(m.positions[0], 3).tolist()
+    [3, 4, 1]
+    """
+
+    def __init__(
+        self,
+        ngram_sizes: Iterable[int] = (1, 2, 4),
+        max_match: int = 64,
+        max_candidates: int = 16,
+    ):
+        sizes = tuple(sorted(set(int(n) for n in ngram_sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"ngram_sizes must be positive integers, got {tuple(ngram_sizes)}")
+        if sizes[-1] * _KEY_BITS > 4096:
+            raise ValueError(f"ngram size {sizes[-1]} is too large (max {4096 // _KEY_BITS})")
+        if max_match < sizes[-1]:
+            raise ValueError(f"max_match must be >= the largest n-gram size {sizes[-1]}, got {max_match}")
+        if max_candidates < 1:
+            raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+        self.ngram_sizes = sizes
+        self.max_match = int(max_match)
+        self.max_candidates = int(max_candidates)
+        self._sources: list[_Source] = [_Source(sizes)]
+
+    # ---- building ------------------------------------------------------------------
+    def add_reference(self, tokens: Sequence[int]) -> int:
+        """Register a static reference text (token ids); returns its source id (>= 1)."""
+        src = _Source(self.ngram_sizes, capacity=len(tokens) + 1)
+        for t in tokens:
+            src.append(int(t))
+        self._sources.append(src)
+        return len(self._sources) - 1
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append tokens to the running context."""
+        ctx = self._sources[CONTEXT]
+        for t in tokens:
+            ctx.append(int(t))
+
+    def truncate(self, length: int) -> None:
+        """Roll the running context back to its first `length` tokens."""
+        ctx = self._sources[CONTEXT]
+        if not 0 <= length <= ctx.size:
+            raise ValueError(f"cannot truncate a context of {ctx.size} tokens to {length}")
+        while ctx.size > length:
+            ctx.pop()
+
+    def reset(self) -> None:
+        """Forget the running context (references stay)."""
+        self._sources[CONTEXT] = _Source(self.ngram_sizes)
+
+    def __len__(self) -> int:
+        return self._sources[CONTEXT].size
+
+    @property
+    def n_sources(self) -> int:
+        return len(self._sources)
+
+    def context(self) -> np.ndarray:
+        return self._sources[CONTEXT].view()
+
+    def source_tokens(self, source: int) -> np.ndarray:
+        return self._sources[source].view()
+
+    # ---- querying ------------------------------------------------------------------
+    def query(self) -> Match | None:
+        """Longest suffix of the context (up to `max_match`) that occurred before.
+
+        Looks in the context itself (excluding the trivial occurrence at its end) and in
+        every reference. Returns None when not even the last token occurred before.
+        """
+        ctx = self._sources[CONTEXT]
+        n_ctx = ctx.size
+        tail_len = min(self.max_match, n_ctx)
+        if tail_len == 0:
+            return None
+        tail_rev = ctx.tokens[n_ctx - tail_len : n_ctx][::-1]  # [tail_len], last token first
+        for n in reversed(self.ngram_sizes):
+            if n > n_ctx:
+                continue
+            key = _key(ctx.tokens[n_ctx - n : n_ctx].tolist())
+            best_len = 0
+            best: list[tuple[int, int]] = []
+            for sid, src in enumerate(self._sources):
+                positions = src.tables[n].get(key)
+                if not positions:
+                    continue
+                cand = positions[-self.max_candidates - 1 :] if sid == CONTEXT else positions[-self.max_candidates :]
+                if sid == CONTEXT and cand[-1] == n_ctx:
+                    cand = cand[:-1]
+                    if not cand:
+                        continue
+                    cand = cand[-self.max_candidates :]
+                lengths = _match_lengths(src.tokens, np.asarray(cand), tail_rev, n)
+                top = int(lengths.max())
+                if top < best_len:
+                    continue
+                hits = [(sid, p) for p, ln in zip(reversed(cand), reversed(lengths.tolist())) if ln == top]
+                if top > best_len:
+                    best_len, best = top, hits
+                else:
+                    best.extend(hits)
+            if best:
+                return Match(best_len, tuple(best))
+        return None
+
+    def continuation(self, position: tuple[int, int], max_tokens: int) -> np.ndarray:
+        """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end)."""
+        sid, p = position
+        src = self._sources[sid]
+        end = min(src.size, p + max(0, max_tokens))
+        return src.tokens[p:end].copy()
+
+    def continuation_trie(self, match: Match, depth: int) -> list[Branch]:
+        """Merge the continuations of every occurrence in `match` into a counted trie.
+
+        Root branches are ordered by count, ties broken by the preference order of
+        `match.positions` (most recent first).
+        """
+        roots: list[Branch] = []
+        for pos in match.positions:
+            level = roots
+            for tok in self.continuation(pos, depth).tolist():
+                for br in level:
+                    if br.token == tok:
+                        br.count += 1
+                        break
+                else:
+                    br = Branch(tok, 1)
+                    level.append(br)
+                level = br.children
+        _sort_trie(roots)
+        return roots
+
+
+def _sort_trie(level: list[Branch]) -> None:
+    level.sort(key=lambda b: -b.count)  # stable: equal counts keep preference order
+    for br in level:
+        _sort_trie(br.children)
+
+
+def _match_lengths(tokens: np.ndarray, ends: np.ndarray, tail_rev: np.ndarray, known: int) -> np.ndarray:
+    """Length of the common suffix of tokens[:end] and the context, for each end.
+
+    `known` tokens are already known to match (the n-gram key). The comparison is capped at
+    len(tail_rev) and at the start of the source.
+    """
+    cap = len(tail_rev)
+    if cap <= known:
+        return np.full(len(ends), cap, dtype=np.int64)
+    offsets = np.arange(known, cap)  # [m]
+    idx = ends[:, None] - 1 - offsets[None, :]  # [k, m]
+    valid = idx >= 0
+    same = valid & (tokens[np.maximum(idx, 0)] == tail_rev[known:][None, :])
+    # first False along each row; all True -> cap
+    mismatch = ~same
+    first = np.where(mismatch.any(axis=1), mismatch.argmax(axis=1), cap - known)
+    return first + known
