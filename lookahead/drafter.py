@@ -1,0 +1,246 @@
+"""Choosing what to draft: a measured verify-cost curve and the evidence from the index.
+
+A draft of k tokens is checked in one decode of k + 1 tokens ([last token] + draft), which
+costs t(k + 1) milliseconds. If the i-th draft token is accepted with probability c_i (given
+the earlier ones were), the pass emits on average
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} c_j      tokens      (the 1 is the corrected/bonus token)
+
+so the rate is E(k) / t(k + 1) tokens per ms, against 1 / t(1) for a plain decode. The
+drafter picks the k (0 = no draft) with the best rate. On a CPU, where t(n) grows almost
+linearly, that means drafting only when acceptance is likely; on a flat curve (GPU, larger
+model) it drafts long.
+
+c_i comes from two pieces of evidence:
+* a per-token acceptance estimate for the match's length bucket and source kind (context or
+  reference), a Beta posterior updated after every verified draft of this request;
+* the agreement of the occurrences: when several earlier occurrences of the suffix continue
+  differently, the branch followed carries count(branch) / count(parent) of them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .index import CONTEXT, Match, SuffixIndex
+
+# Match-length buckets (upper bounds, inclusive) and the prior per-token acceptance for each.
+# The priors are deliberately modest: the posterior moves after a handful of drafts.
+_BUCKET_UPPER = (2, 5, 11, 23, 1 << 30)
+_PRIOR_MEAN = (0.30, 0.50, 0.65, 0.78, 0.88)
+_PRIOR_STRENGTH = 6.0
+
+
+def _bucket(match_length: int) -> int:
+    for b, upper in enumerate(_BUCKET_UPPER):
+        if match_length <= upper:
+            return b
+    return len(_BUCKET_UPPER) - 1
+
+
+class CostModel:
+    """Verify cost t(n), in ms, of one decode of n tokens; learned from observed decodes.
+
+    Sizes that were observed use an exponential moving average of their timings. Other sizes
+    are interpolated linearly between observed neighbours; beyond the largest observed size
+    the curve is extrapolated with the slope of its last segment (or `prior_slope` times t(1)
+    when only one size was seen).
+    """
+
+    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, smoothing: float = 0.2):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = int(max_batch)
+        self.prior_slope = float(prior_slope)
+        self.smoothing = float(smoothing)
+        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] EMA of decode time of n tokens
+        self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
+        self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+
+    def observe(self, n_tokens: int, ms: float) -> None:
+        if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
+            return
+        old = self._ms[n_tokens]
+        self._ms[n_tokens] = ms if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * ms
+        self._seen[n_tokens] += 1
+        self._curve = None
+
+    @property
+    def calibrated(self) -> bool:
+        return int(np.count_nonzero(self._seen)) >= 2
+
+    def curve(self) -> np.ndarray:
+        """t(n) for n = 0..max_batch (index 0 unused), in ms."""
+        if self._curve is not None:
+            return self._curve
+        sizes = np.flatnonzero(self._seen)
+        n = np.arange(self.max_batch + 1, dtype=np.float64)
+        if len(sizes) == 0:
+            t1 = 10.0  # no evidence yet: an arbitrary scale; only ratios matter
+            curve = t1 * (1 + self.prior_slope * (n - 1))
+        else:
+            times = self._ms[sizes]
+            # A decode of more tokens never costs less: enforce a non-decreasing curve.
+            times = np.maximum.accumulate(times)
+            curve = np.interp(n, sizes, times)
+            last_n, last_t = sizes[-1], times[-1]
+            if len(sizes) >= 2:
+                prev_n, prev_t = sizes[-2], times[-2]
+                slope = max((last_t - prev_t) / (last_n - prev_n), 0.0)
+            else:
+                slope = self.prior_slope * last_t / max(last_n, 1)
+            beyond = n > last_n
+            curve[beyond] = last_t + slope * (n[beyond] - last_n)
+            below = n < sizes[0]
+            curve[below] = times[0] * np.maximum(n[below], 1) / sizes[0] if sizes[0] > 1 else times[0]
+        curve[0] = curve[1]
+        self._curve = curve
+        return curve
+
+    def cost_ms(self, n_tokens: int) -> float:
+        return float(self.curve()[min(max(n_tokens, 1), self.max_batch)])
+
+
+@dataclass
+class AcceptanceModel:
+    """Per-token acceptance estimates by (source kind, match-length bucket): Beta posteriors."""
+
+    accepted: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
+    rejected: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
+
+    def rate(self, from_reference: bool, match_length: int) -> float:
+        kind, b = int(from_reference), _bucket(match_length)
+        a0 = _PRIOR_MEAN[b] * _PRIOR_STRENGTH
+        b0 = (1 - _PRIOR_MEAN[b]) * _PRIOR_STRENGTH
+        return float((self.accepted[kind, b] + a0) / (self.accepted[kind, b] + self.rejected[kind, b] + a0 + b0))
+
+    def update(self, from_reference: bool, match_length: int, drafted: int, accepted: int) -> None:
+        """A draft of `drafted` tokens had its first `accepted` accepted.
+
+        Tokens after the first rejection were never tested, so they are not evidence.
+        """
+        kind = int(from_reference)
+        for i in range(accepted):
+            self.accepted[kind, _bucket(match_length + i)] += 1
+        if accepted < drafted:
+            self.rejected[kind, _bucket(match_length + accepted)] += 1
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What the drafter proposes for one step: a linear draft and the evidence behind it."""
+
+    tokens: list[int]
+    match_length: int
+    from_reference: bool
+    expected_tokens: float  # E(k): expected tokens emitted by the pass, bonus included
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft([], 0, False, 1.0)
+
+
+def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
+    """The draft length k (0..len(confidences)) maximising E(k) / t(k + 1), and E(k).
+
+    `confidences[i]` is the probability that draft token i is accepted given tokens < i were.
+    Returns (0, 1.0) unless some k beats a plain decode by the factor `min_gain`.
+    """
+    k_max = min(len(confidences), len(cost_curve) - 2)
+    if k_max <= 0:
+        return 0, 1.0
+    survive = np.cumprod(confidences[:k_max])  # [k_max] P(first i+1 tokens accepted)
+    expected = 1.0 + np.concatenate(([0.0], np.cumsum(survive)))  # [k_max + 1] E(k)
+    rate = expected / cost_curve[1 : k_max + 2]  # [k_max + 1]
+    k = int(np.argmax(rate))
+    if k == 0 or rate[k] < min_gain * rate[0]:
+        return 0, 1.0
+    return k, float(expected[k])
+
+
+class Drafter:
+    """Proposes a draft from the suffix index, sized by the cost model; learns per request."""
+
+    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02):
+        if max_draft < 0:
+            raise ValueError(f"max_draft must be >= 0, got {max_draft}")
+        self.cost = cost
+        self.max_draft = int(max_draft)
+        self.min_gain = float(min_gain)
+        self.acceptance = AcceptanceModel()
+
+    def reset(self) -> None:
+        """Start a new request: forget acceptance history (the cost curve is kept)."""
+        self.acceptance = AcceptanceModel()
+
+    def propose(self, index: SuffixIndex, limit: int) -> Draft:
+        """The draft to verify next, at most `limit` tokens; EMPTY_DRAFT when none pays."""
+        limit = min(limit, self.max_draft, self.cost.max_batch - 1)
+        if limit <= 0:
+            return EMPTY_DRAFT
+        match = index.query()
+        if match is None:
+            return EMPTY_DRAFT
+        tokens, agreement = _follow_majority(index, match, limit)
+        if not tokens:
+            return EMPTY_DRAFT
+        from_reference = match.positions[0][0] != CONTEXT
+        # Each accepted token lengthens the matched suffix, so later draft tokens are backed
+        # by a longer match: use the bucket of the length they will have.
+        rates = np.array(
+            [self.acceptance.rate(from_reference, match.length + i) for i in range(len(tokens))]
+        )
+        k, expected = best_length(rates * agreement, self.cost.curve(), self.min_gain)
+        if k == 0:
+            return EMPTY_DRAFT
+        return Draft(tokens[:k], match.length, from_reference, expected)
+
+    def record(self, draft: Draft, accepted: int) -> None:
+        if len(draft):
+            self.acceptance.update(draft.from_reference, draft.match_length, len(draft), accepted)
+
+
+def _follow_majority(index: SuffixIndex, match: Match, depth: int) -> tuple[list[int], np.ndarray]:
+    """Follow the most frequent continuation of the match's occurrences, token by token.
+
+    Returns the tokens and, for each, the fraction of the occurrences still followed that
+    agree on it (1.0 where they all agree). Ties go to the preferred (most recent) occurrence.
+    """
+    conts = [index.continuation(pos, depth) for pos in match.positions]
+    if len(conts) == 1:
+        return conts[0].tolist(), np.ones(len(conts[0]))
+    width = max(len(c) for c in conts)
+    table = np.full((len(conts), width), -1, dtype=np.int64)  # [occurrences, depth], -1 = ended
+    for row, c in enumerate(conts):
+        table[row, : len(c)] = c
+    alive = np.arange(len(conts))
+    tokens: list[int] = []
+    agreement: list[float] = []
+    d = 0
+    while d < width and len(alive):
+        sub = table[alive, d:]  # [alive, width - d]
+        lead = sub[0]
+        unanimous = (sub == lead).all(axis=0) & (lead >= 0)
+        run = int(np.argmin(unanimous)) if not unanimous.all() else len(unanimous)
+        tokens.extend(lead[:run].tolist())
+        agreement.extend([1.0] * run)
+        d += run
+        if d >= width:
+            break
+        col = table[alive, d]
+        present = col >= 0
+        if not present.any():
+            break
+        values, first_seen, counts = np.unique(col[present], return_index=True, return_counts=True)
+        best = np.flatnonzero(counts == counts.max())
+        choice = best[np.argmin(first_seen[best])]  # tie: the most preferred occurrence
+        token = int(values[choice])
+        tokens.append(token)
+        agreement.append(float(counts[choice]) / int(present.sum()))
+        alive = alive[col == token]
+        d += 1
+    return tokens, np.array(agreement)

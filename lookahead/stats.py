@@ -1,0 +1,71 @@
+"""One stats object per request: what was drafted, what the target accepted, where time went."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    speculative: bool = True
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV entries were kept from the last request
+    generated_tokens: int = 0
+    target_passes: int = 0  # decodes after the prefill, one per step
+    draft_passes: int = 0  # steps that verified a non-empty draft
+    drafted: int = 0  # draft tokens sent to the target
+    accepted: int = 0  # draft tokens the verifier accepted
+    accept_histogram: dict[int, int] = field(default_factory=dict)  # accepted per drafted step -> steps
+    prefill_ms: float = 0.0
+    propose_ms: float = 0.0  # index queries + drafting decisions
+    verify_ms: float = 0.0  # target decodes of [last token + draft]
+    sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
+    total_ms: float = 0.0
+    fallback: str | None = None  # why speculation was not used, when it was not
+
+    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.target_passes += 1
+        self.generated_tokens += emitted
+        if drafted:
+            self.draft_passes += 1
+            self.drafted += drafted
+            self.accepted += accepted
+            self.accept_histogram[accepted] = self.accept_histogram.get(accepted, 0) + 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        return self.total_ms - self.prefill_ms
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 * self.generated_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["accept_histogram"] = {str(k): v for k, v in sorted(self.accept_histogram.items())}
+        out["acceptance_rate"] = round(self.acceptance_rate, 4)
+        out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
+        out["tokens_per_second"] = round(self.tokens_per_second, 2)
+        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "total_ms"):
+            out[key] = round(out[key], 3)
+        return out
+
+    def summary(self) -> str:
+        """One human line, e.g. for --stats."""
+        mode = "speculative" if self.speculative else "plain"
+        if self.fallback:
+            mode += f" (fallback: {self.fallback})"
+        return (
+            f"{mode}: {self.generated_tokens} tokens in {self.target_passes} passes "
+            f"({self.tokens_per_pass:.2f} tokens/pass), drafted {self.drafted}, accepted "
+            f"{self.accepted} ({100 * self.acceptance_rate:.0f}%), {self.tokens_per_second:.1f} tok/s; "
+            f"prefill {self.prefill_ms:.0f} ms, verify {self.verify_ms:.0f} ms, "
+            f"propose {self.propose_ms:.1f} ms, sample {self.sample_ms:.1f} ms"
+        )
