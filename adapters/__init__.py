@@ -1,0 +1,1 @@
+"""Backends for lookahead's engine. Each adapter imports its backend lazily."""

@@ -1,0 +1,179 @@
+"""The llama.cpp target, through llama-cpp-python's low-level API.
+
+It drives the context of an existing `llama_cpp.Llama` directly:
+
+* one `llama_batch` of its own, filled by hand, asking logits only for the rows the verifier
+  needs (the last prompt row of each prefill chunk is the only prompt row computed);
+* the KV cache is cut back with `llama_memory_seq_rm` after a rejection;
+* the Llama's own bookkeeping (`input_ids`, `n_tokens`) is kept true after each request, so
+  plain `llm.create_completion` calls and lookahead calls on the same object can both reuse
+  the cached prompt prefix, as llama-cpp-python does between its own calls.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import llama_cpp
+
+
+def _lib():
+    import llama_cpp  # lazy: the core never imports the backend
+
+    return llama_cpp
+
+
+class LlamaCppTarget:
+    """A `lookahead.engine.Target` over a `llama_cpp.Llama`."""
+
+    def __init__(self, llm: "llama_cpp.Llama", max_batch: int | None = None):
+        lib = _lib()
+        self.llm = llm
+        self._lib = lib
+        self._ctx = llm._ctx.ctx
+        self._memory = lib.llama_get_memory(self._ctx)
+        self.n_ctx = int(llm.n_ctx())
+        self.n_vocab = int(llm.n_vocab())
+        self.max_batch = int(max_batch or llm.n_batch)
+        self._batch = lib.llama_batch_init(self.max_batch, 0, 1)
+        self._vocab = llm._model.vocab
+        self._pieces: dict[int, bytes] = {}
+        self.calibration_ms: dict[int, float] = {}
+
+    def __del__(self):
+        batch = getattr(self, "_batch", None)
+        if batch is not None:
+            try:
+                self._lib.llama_batch_free(batch)
+            except Exception:  # interpreter shutdown: the library may be gone
+                pass
+            self._batch = None
+
+    # ---- tokens and text ---------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def completion_prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """Tokens of a completion prompt, exactly as `Llama.create_completion` makes them."""
+        llm = self.llm
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        model = llm._model
+        bos = model.token_cls() if model.token_cls() != -1 else llm.token_bos()
+        bos_tokens = [bos] if model.add_bos_token() and bos != -1 else []
+        sep = model.token_sep()
+        eos_tokens = [] if (not model.add_eos_token() and sep == -1) else [sep if sep != -1 else llm.token_eos()]
+        body = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True) if prompt else []
+        if not prompt:
+            return [llm.token_bos()]
+        return bos_tokens + body + eos_tokens
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token, as llama-cpp-python's detokenize gives them (no specials)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self.llm.detokenize([token])
+            self._pieces[token] = piece
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    # ---- KV cache and decoding ---------------------------------------------------
+    def begin(self, prompt: Sequence[int]) -> int:
+        """Make the KV cache hold prompt[:-1], reusing the longest cached prefix."""
+        llm = self.llm
+        target = list(prompt[:-1])
+        cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
+        keep = 0
+        for a, b in zip(cached, target):
+            if a != b:
+                break
+            keep += 1
+        # seq -1: every sequence; nothing of another request survives past `keep`.
+        if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
+            self._lib.llama_memory_clear(self._memory, True)
+            keep = 0
+        self._sync_llama(target[:keep])
+        self.n_past = keep
+        for start in range(keep, len(target), self.max_batch):
+            chunk = target[start : start + self.max_batch]
+            self._fill(chunk, logits_last_only=True)
+            self._decode()
+            self.n_past += len(chunk)
+        return keep
+
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        n = len(tokens)
+        if self.n_past + n > self.n_ctx:
+            raise ValueError(f"decode of {n} tokens at position {self.n_past} overflows the context of {self.n_ctx}")
+        self._fill(tokens, logits_last_only=False)
+        self._decode()
+        self.n_past += n
+        ptr = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))  # [n, n_vocab], a view
+
+    def rollback(self, n_keep: int) -> None:
+        self._lib.llama_memory_seq_rm(self._memory, -1, n_keep, -1)
+        self.n_past = n_keep
+
+    def end(self, kv_tokens: Sequence[int]) -> None:
+        if getattr(self, "n_past", None) is None:
+            return
+        if self.n_past != len(kv_tokens):  # interrupted between decode and rollback
+            self.rollback(min(self.n_past, len(kv_tokens)))
+            kv_tokens = list(kv_tokens)[: self.n_past]
+        self._sync_llama(kv_tokens)
+
+    def _sync_llama(self, kv_tokens: Sequence[int]) -> None:
+        """Tell the Llama object what its KV cache holds, so its own prefix reuse stays right."""
+        llm = self.llm
+        n = len(kv_tokens)
+        llm.input_ids[:n] = kv_tokens
+        llm.n_tokens = n
+        if hasattr(llm, "_requires_eval"):
+            # the logits buffer belongs to our last batch: never sample from it directly
+            llm._requires_eval = True
+
+    def _fill(self, tokens: Sequence[int], logits_last_only: bool) -> None:
+        batch = self._batch
+        n = len(tokens)
+        if n > self.max_batch:
+            raise ValueError(f"batch of {n} tokens exceeds max_batch {self.max_batch}")
+        batch.n_tokens = n
+        pos0 = self.n_past
+        want = 0 if logits_last_only else 1
+        for i, tok in enumerate(tokens):
+            batch.token[i] = tok
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want
+        batch.logits[n - 1] = 1
+
+    def _decode(self) -> None:
+        rc = self._lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
+
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> dict[int, float]:
+        """Time one decode of each size after the current position, then roll it back.
+
+        Uses real prompt state (call after `begin`), so the attention cost is realistic.
+        """
+        base = self.n_past
+        out: dict[int, float] = {}
+        for n in sizes:
+            if n > self.max_batch or base + n > self.n_ctx:
+                break
+            tokens = [(97 + i) % self.n_vocab for i in range(n)]  # content does not change the cost
+            t0 = time.perf_counter()
+            self.decode(tokens)
+            out[n] = 1000 * (time.perf_counter() - t0)
+            self.rollback(base)
+        self.calibration_ms = out
+        return out
