@@ -28,7 +28,8 @@ import numpy as np
 
 CONTEXT = 0  # source id of the running context
 
-_KEY_BITS = 20  # token ids up to ~1M; keys are exact (no hash collisions)
+_KEY_BITS = 20  # token ids below 2**20 (Gemma's 262k vocabulary fits); keys are exact
+MAX_TOKEN_ID = (1 << _KEY_BITS) - 1
 
 
 def _key(tokens: Sequence[int]) -> int:
@@ -53,6 +54,8 @@ class _Source:
         return self.tokens[: self.size]
 
     def append(self, token: int) -> None:
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise ValueError(f"token id {token} is outside the index's range [0, {MAX_TOKEN_ID}]")
         if self.size == len(self.tokens):
             grown = np.zeros(2 * len(self.tokens), dtype=np.int32)
             grown[: self.size] = self.tokens[: self.size]
@@ -124,9 +127,10 @@ class SuffixIndex:
         max_match: int = 64,
         max_candidates: int = 16,
     ):
-        sizes = tuple(sorted(set(int(n) for n in ngram_sizes)))
+        requested = tuple(ngram_sizes)
+        sizes = tuple(sorted(set(int(n) for n in requested)))
         if not sizes or sizes[0] < 1:
-            raise ValueError(f"ngram_sizes must be positive integers, got {tuple(ngram_sizes)}")
+            raise ValueError(f"ngram_sizes must be positive integers, got {requested}")
         if sizes[-1] * _KEY_BITS > 4096:
             raise ValueError(f"ngram size {sizes[-1]} is too large (max {4096 // _KEY_BITS})")
         if max_match < sizes[-1]:
@@ -183,7 +187,9 @@ class SuffixIndex:
         """Longest suffix of the context (up to `max_match`) that occurred before.
 
         Looks in the context itself (excluding the trivial occurrence at its end) and in
-        every reference. Returns None when not even the last token occurred before.
+        every reference, at the `max_candidates` most recent occurrences per source of the
+        longest n-gram key that occurred. Returns None when no suffix of the smallest n-gram
+        size occurred before.
         """
         ctx = self._sources[CONTEXT]
         n_ctx = ctx.size

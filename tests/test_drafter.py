@@ -1,0 +1,452 @@
+"""Drafter: cost curve, acceptance posterior, draft-length choice, proposals on a real index.
+
+Expected values are computed by hand in the comments. `rate_oracle_k` is a deliberately naive
+re-statement of the objective (a Python loop over k of E(k) / t(k + 1)) used to cross-check
+best_length where hand arithmetic over dozens of k would be unreadable.
+"""
+import numpy as np
+import pytest
+
+from lookahead.drafter import (
+    EMPTY_DRAFT,
+    AcceptanceModel,
+    CostModel,
+    Draft,
+    Drafter,
+    _follow_majority,
+    best_length,
+)
+from lookahead.index import Match, SuffixIndex
+
+# A CPU-like verify cost: t(n) in ms for n tokens in one decode (interpolated in between).
+STEEP_POINTS = ((1, 11.0), (2, 21.0), (4, 29.0), (8, 43.0), (16, 86.0), (32, 150.0), (64, 293.0))
+
+# Prior per-token acceptance by match-length bucket (<=2, <=5, <=11, <=23, more), strength 6.
+PRIOR = {2: 0.30, 5: 0.50, 11: 0.65, 23: 0.78, 24: 0.88}
+
+
+def steep_curve(max_batch=128):
+    n = np.arange(max_batch + 1, dtype=np.float64)
+    sizes, times = zip(*STEEP_POINTS)
+    return np.interp(n, sizes, times)
+
+
+def steep_cost(max_batch=128):
+    cost = CostModel(max_batch=max_batch)
+    for n, ms in STEEP_POINTS:
+        cost.observe(n, ms)
+    return cost
+
+
+def linear_cost(t1, slope, max_batch=128):
+    """t(n) = t1 + slope * (n - 1), from two observations."""
+    cost = CostModel(max_batch=max_batch)
+    cost.observe(1, t1)
+    cost.observe(max_batch, t1 + slope * (max_batch - 1))
+    return cost
+
+
+def expected_tokens(confidences):
+    """E(k) = 1 + sum_i prod_{j<=i} c_j, by a plain loop."""
+    total, survive = 1.0, 1.0
+    for c in confidences:
+        survive *= c
+        total += survive
+    return total
+
+
+def rate_oracle_k(confidences, cost_curve):
+    """argmax over k of E(k) / t(k + 1) by a plain loop (first k on ties)."""
+    best_k, best_rate = 0, 1.0 / cost_curve[1]
+    for k in range(1, min(len(confidences), len(cost_curve) - 2) + 1):
+        rate = expected_tokens(confidences[:k]) / cost_curve[k + 1]
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
+# --- best_length -------------------------------------------------------------------------------
+
+def test_best_length_tiny_case_by_hand():
+    confidences = np.array([0.5, 0.8])
+    # E(0) = 1, E(1) = 1 + 0.5 = 1.5, E(2) = 1.5 + 0.5 * 0.8 = 1.9.
+    # Flat t = 10: rates 0.100, 0.150, 0.190 -> k = 2.
+    k, e = best_length(confidences, np.array([10.0, 10.0, 10.0, 10.0]))
+    assert k == 2 and e == pytest.approx(1.9)
+    # t(1..3) = 10, 14, 20: rates 0.1000, 0.1071, 0.0950 -> k = 1.
+    k, e = best_length(confidences, np.array([10.0, 10.0, 14.0, 20.0]))
+    assert k == 1 and e == pytest.approx(1.5)
+
+
+def test_best_length_min_gain():
+    confidences = np.array([0.5, 0.8])
+    curve = np.array([10.0, 10.0, 14.0, 20.0])
+    # k = 1 beats a plain decode by (1.5 / 14) / (1 / 10) = 1.0714.
+    assert best_length(confidences, curve, min_gain=1.07) == (1, pytest.approx(1.5))
+    assert best_length(confidences, curve, min_gain=1.08) == (0, 1.0)
+    assert best_length(confidences, curve, min_gain=1.0)[0] == 1
+
+
+def test_best_length_weak_evidence_on_a_steep_curve_drafts_nothing():
+    # c = 0.5: E(k) = 2 - 0.5**k < 2, so every k loses to 1 / t(1) = 0.0909:
+    # k = 1: 1.5 / 21 = 0.0714, k = 3: 1.875 / 29 = 0.0647, k = 7: 1.99 / 43 = 0.0463.
+    assert best_length(np.full(64, 0.5), steep_curve()) == (0, 1.0)
+
+
+def test_best_length_strong_evidence_on_a_steep_curve_drafts_several():
+    # c = 0.97: E(7) = 1 + 0.97 (1 - 0.97**7) / 0.03 = 7.2086, t(8) = 43 -> 0.1676 tokens/ms;
+    # neighbours: E(6) / t(7) = 6.4004 / 39.5 = 0.1620 and E(8) / t(9) = 7.9922 / 48.375 = 0.1652
+    # (t interpolated: 3.5 ms/token on 4..8, 5.375 ms/token on 8..16). Plain decode: 0.0909.
+    k, e = best_length(np.full(64, 0.97), steep_curve())
+    assert k == 7
+    assert e == pytest.approx(1 + 0.97 * (1 - 0.97**7) / 0.03)
+    assert k == rate_oracle_k([0.97] * 64, steep_curve())
+
+
+def test_best_length_flat_gpu_curve_drafts_long():
+    curve = 10 + 0.05 * np.arange(129, dtype=np.float64)  # t(n) = 10 + 0.05 n
+    # With c = 0.7 the k-th token adds 0.7**k expected tokens for 0.05 ms; at ~0.31 tokens/ms
+    # that pays while 0.7**k > ~0.0155, i.e. up to k = 11 (0.7**11 = 0.0198, 0.7**12 = 0.0138):
+    # rates E(10)/t(11) = 0.30971, E(11)/t(12) = 0.31011, E(12)/t(13) = 0.30996.
+    # Note: NOT >= 16 -- at c = 0.7 the survival probability is already 1.4% at token 12.
+    k, e = best_length(np.full(64, 0.7), curve)
+    assert k == 11
+    assert e == pytest.approx(1 + 0.7 * (1 - 0.7**11) / 0.3)
+    # c = 0.9 keeps paying much longer (0.9**30 = 0.042): 30 tokens.
+    assert best_length(np.full(64, 0.9), curve)[0] == 30 == rate_oracle_k([0.9] * 64, curve)
+    # A perfectly flat curve drafts everything available: E(k) grows with every k (by 0.5**k,
+    # still far above float resolution at k = 20).
+    assert best_length(np.full(20, 0.5), np.full(129, 10.0))[0] == 20
+
+
+def test_best_length_is_bounded_by_the_curve_and_the_evidence():
+    # A curve for max_batch = 3 allows a decode of 3 tokens: at most 2 draft tokens.
+    assert best_length(np.full(10, 0.9), np.full(4, 10.0))[0] == 2
+    assert best_length(np.array([]), np.full(129, 10.0)) == (0, 1.0)
+    assert best_length(np.full(5, 0.9), np.full(2, 10.0)) == (0, 1.0)  # max_batch = 1
+    assert best_length(np.zeros(8), np.full(129, 10.0)) == (0, 1.0)  # E(k) = 1: nothing gained
+
+
+# --- CostModel ---------------------------------------------------------------------------------
+
+def test_cost_prior_without_observations():
+    cost = CostModel(max_batch=16)
+    # t(n) = 10 (1 + 0.4 (n - 1)): 10, 14, ..., 50 at n = 11; index 0 mirrors t(1).
+    assert cost.cost_ms(1) == pytest.approx(10.0)
+    assert cost.cost_ms(2) == pytest.approx(14.0)
+    assert cost.cost_ms(11) == pytest.approx(50.0)
+    assert cost.curve()[0] == cost.curve()[1]
+    assert not cost.calibrated
+
+
+def test_cost_interpolation_and_extrapolation():
+    cost = steep_cost(max_batch=128)
+    assert cost.calibrated
+    assert [cost.cost_ms(n) for n, _ in STEEP_POINTS] == [ms for _, ms in STEEP_POINTS]
+    assert cost.cost_ms(3) == pytest.approx(25.0)  # (21 + 29) / 2
+    assert cost.cost_ms(6) == pytest.approx(36.0)  # 29 + 2 * 3.5
+    assert cost.cost_ms(12) == pytest.approx(64.5)  # 43 + 4 * 5.375
+    assert cost.cost_ms(48) == pytest.approx(221.5)  # 150 + 16 * 4.46875
+    # beyond 64: slope of the last segment, (293 - 150) / 32 = 4.46875 ms/token
+    assert cost.cost_ms(100) == pytest.approx(293 + 36 * 4.46875)
+    assert cost.cost_ms(128) == pytest.approx(579.0)
+    # out-of-range sizes are clamped to 1..max_batch
+    assert cost.cost_ms(0) == pytest.approx(11.0)
+    assert cost.cost_ms(10_000) == pytest.approx(579.0)
+
+
+def test_cost_prior_slope_when_only_one_size_was_seen():
+    cost = CostModel(max_batch=32)
+    cost.observe(1, 20.0)
+    # slope = prior_slope * t(1) = 0.4 * 20 = 8 ms/token
+    assert cost.cost_ms(1) == pytest.approx(20.0)
+    assert cost.cost_ms(6) == pytest.approx(60.0)
+    assert not cost.calibrated
+
+    only_four = CostModel(max_batch=32)
+    only_four.observe(4, 40.0)
+    # below the smallest seen size: proportional (40 * n / 4); beyond: 0.4 * 40 / 4 = 4 ms/token
+    assert [only_four.cost_ms(n) for n in (1, 2, 3, 4, 5, 10)] == pytest.approx([10, 20, 30, 40, 44, 64])
+
+
+def test_cost_ema_update():
+    cost = CostModel(max_batch=8, smoothing=0.2)
+    cost.observe(4, 40.0)
+    assert cost.cost_ms(4) == pytest.approx(40.0)  # first observation taken as is
+    cost.observe(4, 50.0)
+    assert cost.cost_ms(4) == pytest.approx(0.8 * 40 + 0.2 * 50)  # 42
+    cost.observe(4, 50.0)
+    assert cost.cost_ms(4) == pytest.approx(0.8 * 42 + 0.2 * 50)  # 43.6
+    assert not cost.calibrated  # still one size
+
+
+@pytest.mark.parametrize(
+    "n_tokens, ms", [(0, 5.0), (9, 5.0), (-1, 5.0), (2, 0.0), (2, -3.0), (2, float("nan")), (2, float("inf"))]
+)
+def test_cost_ignores_bad_observations(n_tokens, ms):
+    cost = CostModel(max_batch=8)
+    cost.observe(1, 10.0)
+    before = cost.curve().copy()
+    cost.observe(n_tokens, ms)
+    np.testing.assert_array_equal(cost.curve(), before)
+    assert not cost.calibrated
+
+
+def test_cost_curve_is_monotone():
+    cost = CostModel(max_batch=16)
+    cost.observe(2, 30.0)
+    cost.observe(4, 20.0)  # noisy: cheaper than 2 tokens -> raised to 30
+    curve = cost.curve()
+    assert cost.cost_ms(1) == pytest.approx(15.0)  # 30 * 1 / 2
+    assert [cost.cost_ms(n) for n in (2, 3, 4, 10)] == pytest.approx([30, 30, 30, 30])  # slope 0
+    assert np.all(np.diff(curve[1:]) >= 0)
+
+
+def test_cost_observe_invalidates_the_cached_curve():
+    cost = CostModel(max_batch=8)
+    cost.observe(1, 10.0)
+    assert cost.cost_ms(2) == pytest.approx(14.0)
+    cost.observe(2, 11.0)
+    assert cost.cost_ms(2) == pytest.approx(11.0)
+
+
+def test_cost_model_rejects_bad_max_batch():
+    with pytest.raises(ValueError, match="max_batch must be >= 1, got 0"):
+        CostModel(max_batch=0)
+
+
+# --- AcceptanceModel ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("match_length, prior", [(1, 0.30), (2, 0.30), (3, 0.50), (5, 0.50), (6, 0.65),
+                                                 (11, 0.65), (12, 0.78), (23, 0.78), (24, 0.88), (500, 0.88)])
+def test_acceptance_prior_by_bucket(match_length, prior):
+    model = AcceptanceModel()
+    assert model.rate(False, match_length) == pytest.approx(prior)
+    assert model.rate(True, match_length) == pytest.approx(prior)
+
+
+def test_acceptance_update_counts_only_tested_tokens():
+    model = AcceptanceModel()
+    # Match of 4, draft of 6, first 3 accepted: accepted tokens had match lengths 4, 5 (bucket
+    # <=5) and 6 (bucket <=11); the 4th (length 7, bucket <=11) was rejected; tokens 5 and 6
+    # were never tested and count for nothing.
+    model.update(False, 4, drafted=6, accepted=3)
+    # bucket <=5: (2 + 0.5 * 6) / (2 + 0 + 6) = 5 / 8
+    assert model.rate(False, 4) == pytest.approx(5 / 8)
+    # bucket <=11: (1 + 0.65 * 6) / (1 + 1 + 6) = 4.9 / 8
+    assert model.rate(False, 9) == pytest.approx(4.9 / 8)
+    # untouched: other buckets and the reference kind
+    assert model.rate(False, 20) == pytest.approx(0.78)
+    assert model.rate(True, 4) == pytest.approx(0.50)
+    assert model.accepted.sum() == 3 and model.rejected.sum() == 1
+
+
+def test_acceptance_update_full_accept_and_first_reject():
+    model = AcceptanceModel()
+    model.update(True, 1, drafted=2, accepted=2)  # lengths 1, 2: both bucket <=2, no rejection
+    assert model.rate(True, 1) == pytest.approx((2 + 1.8) / (2 + 6))
+    model.update(True, 1, drafted=5, accepted=0)  # one rejection at length 1, nothing else
+    assert model.rate(True, 1) == pytest.approx((2 + 1.8) / (3 + 6))
+    assert model.rejected.sum() == 1
+    assert model.rate(False, 1) == pytest.approx(0.30)
+
+
+# --- _follow_majority --------------------------------------------------------------------------
+
+def test_follow_majority_single_occurrence_agrees_fully():
+    index = SuffixIndex()
+    index.extend([1, 2, 3, 4, 1, 2])
+    tokens, agreement = _follow_majority(index, index.query(), depth=5)
+    assert tokens == [3, 4, 1, 2]
+    assert agreement.tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_follow_majority_tie_goes_to_most_recent():
+    # [1, 2] ends at 5 (then 4, 1, 2) and at 2 (then 3, 1, 2): a 1-1 split on the first token,
+    # won by the more recent occurrence even though its token (4) is the larger id.
+    index = SuffixIndex()
+    index.extend([1, 2, 3, 1, 2, 4, 1, 2])
+    match = index.query()
+    assert match == Match(2, ((0, 5), (0, 2)))
+    tokens, agreement = _follow_majority(index, match, depth=3)
+    assert tokens == [4, 1, 2]
+    assert agreement.tolist() == [0.5, 1.0, 1.0]
+
+
+def test_follow_majority_counts_beat_recency():
+    # Continuations (depth 3): end 10 -> [8, 1, 2], end 6 -> [7, 3, 1], end 2 -> [7, 4, 1].
+    # Token 1: 7 by 2 of 3. Token 2: the two 7-rows split 3 / 4 -> the more recent (3), 1 of 2.
+    # Token 3: one row left -> 1, unanimous.
+    index = SuffixIndex()
+    index.extend([1, 2, 7, 4, 1, 2, 7, 3, 1, 2, 8, 1, 2])
+    match = index.query()
+    assert match == Match(2, ((0, 10), (0, 6), (0, 2)))
+    tokens, agreement = _follow_majority(index, match, depth=3)
+    assert tokens == [7, 3, 1]
+    assert agreement == pytest.approx([2 / 3, 1 / 2, 1.0])
+
+
+def test_follow_majority_ended_occurrences_leave_the_vote():
+    # Continuations: [5] (source ends), [5, 6, 7], [4, 6, 7].
+    # Token 1: 5 by 2 of 3. Token 2: only one of the two 5-rows continues -> 6, 1 of 1.
+    index = SuffixIndex()
+    for ref in ([1, 5], [1, 5, 6, 7], [1, 4, 6, 7]):
+        index.add_reference(ref)
+    match = Match(1, ((1, 1), (2, 1), (3, 1)))
+    tokens, agreement = _follow_majority(index, match, depth=4)
+    assert tokens == [5, 6, 7]
+    assert agreement == pytest.approx([2 / 3, 1.0, 1.0])
+
+
+def test_follow_majority_unanimous_prefix_then_split():
+    # Continuations: [1, 2, 3], [1, 2, 4], [1, 5, 6], [1, 5, 9].
+    # Token 1: unanimous. Token 2: 2 vs 5, two each -> 2 (preferred row first), 2 of 4.
+    # Token 3: 3 vs 4 -> 3, 1 of 2.
+    index = SuffixIndex()
+    for ref in ([0, 1, 2, 3], [0, 1, 2, 4], [0, 1, 5, 6], [0, 1, 5, 9]):
+        index.add_reference(ref)
+    match = Match(1, ((1, 1), (2, 1), (3, 1), (4, 1)))
+    tokens, agreement = _follow_majority(index, match, depth=3)
+    assert tokens == [1, 2, 3]
+    assert agreement == pytest.approx([1.0, 0.5, 0.5])
+    # A majority not led by the preferred row: continuations [9, 9], [8, 7], [8, 6].
+    index = SuffixIndex()
+    for ref in ([0, 9, 9], [0, 8, 7], [0, 8, 6]):
+        index.add_reference(ref)
+    tokens, agreement = _follow_majority(index, Match(1, ((1, 1), (2, 1), (3, 1))), depth=2)
+    assert tokens == [8, 7]
+    assert agreement == pytest.approx([2 / 3, 0.5])
+
+
+# --- Drafter.propose / record ------------------------------------------------------------------
+
+SEQ = list(range(100, 140))  # 40 distinct tokens
+REPEAT = SEQ + SEQ[:10]  # suffix SEQ[:10] matches at end 10 with length 10 (39 != 139 before it)
+
+
+def repeat_index():
+    index = SuffixIndex()
+    index.extend(REPEAT)
+    assert index.query() == Match(10, ((0, 10),))
+    return index
+
+
+@pytest.mark.parametrize("limit, n_tokens", [(1, 1), (3, 3), (16, 16), (40, 40), (100, 40)])
+def test_propose_flat_curve_drafts_the_continuation(limit, n_tokens):
+    drafter = Drafter(linear_cost(10.0, 0.0))  # constant cost: any extra token is free
+    draft = drafter.propose(repeat_index(), limit)
+    continuation = SEQ[10:] + SEQ[:10]  # up to the end of the context: 40 tokens
+    assert draft.tokens == continuation[:n_tokens]
+    assert draft.match_length == 10 and not draft.from_reference
+
+
+def test_propose_expected_tokens_uses_the_length_buckets():
+    # Match length 10: draft tokens sit at lengths 10, 11 (prior 0.65) and 12 (prior 0.78).
+    draft = Drafter(linear_cost(10.0, 0.0)).propose(repeat_index(), 3)
+    assert draft.expected_tokens == pytest.approx(1 + 0.65 + 0.65**2 + 0.65**2 * 0.78)  # 2.40205
+
+
+def test_propose_multiplies_agreement_into_confidence():
+    # Match of 2 (prior 0.30), then lengths 3, 4 (prior 0.50); tokens [7, 3, 1] with agreement
+    # [2/3, 1/2, 1] (see test_follow_majority_counts_beat_recency): c = [0.2, 0.25, 0.5],
+    # E(3) = 1 + 0.2 + 0.05 + 0.025 = 1.275.
+    index = SuffixIndex()
+    index.extend([1, 2, 7, 4, 1, 2, 7, 3, 1, 2, 8, 1, 2])
+    draft = Drafter(linear_cost(10.0, 0.0)).propose(index, 3)
+    assert draft.tokens == [7, 3, 1]
+    assert draft.expected_tokens == pytest.approx(1.275)
+
+
+@pytest.mark.parametrize(
+    "drafter_kwargs, cost_kwargs, n_tokens",
+    [({"max_draft": 4}, {}, 4), ({"max_draft": 0}, {}, 0), ({}, {"max_batch": 6}, 5), ({}, {"max_batch": 1}, 0)],
+)
+def test_propose_limit_caps(drafter_kwargs, cost_kwargs, n_tokens):
+    drafter = Drafter(linear_cost(10.0, 0.0, **cost_kwargs), **drafter_kwargs)
+    assert len(drafter.propose(repeat_index(), 100)) == n_tokens
+    assert len(drafter.propose(repeat_index(), 0)) == 0
+    assert len(drafter.propose(repeat_index(), -5)) == 0
+
+
+def test_propose_nothing_without_a_match():
+    index = SuffixIndex()
+    index.extend([1, 2, 3])
+    assert Drafter(linear_cost(10.0, 0.0)).propose(index, 8) == EMPTY_DRAFT
+    assert Drafter(linear_cost(10.0, 0.0)).propose(SuffixIndex(), 8) == EMPTY_DRAFT
+
+
+def test_propose_steep_curve_short_match_no_history_drafts_nothing():
+    index = SuffixIndex()
+    index.extend([5, 1, 2, 7, 1, 2])  # match of 2 at end 3: continuation [7, 1, 2]
+    # prior 0.30 for the first token: E(1) / t(2) = 1.3 / 21 = 0.062 < 1 / 11 = 0.091
+    assert len(Drafter(steep_cost()).propose(index, 8)) == 0
+    # the same evidence on a free curve does draft (so the zero above is the curve's doing)
+    assert Drafter(linear_cost(10.0, 0.0)).propose(index, 8).tokens == [7, 1, 2]
+
+
+def test_propose_from_a_reference():
+    index = SuffixIndex()
+    index.add_reference(SEQ)
+    index.extend([1, 2, 3] + SEQ[:10])
+    draft = Drafter(linear_cost(10.0, 0.0)).propose(index, 5)
+    assert draft.tokens == SEQ[10:15]
+    assert draft.match_length == 10 and draft.from_reference
+
+
+def full_accepts(drafter, times, n_tokens=30, match_length=10):
+    for _ in range(times):
+        drafter.record(Draft(list(range(n_tokens)), match_length, False, 1.0), n_tokens)
+
+
+def test_record_full_acceptances_lengthen_drafts_on_a_steep_curve():
+    drafter = Drafter(steep_cost())
+    # prior 0.65 at length 10: E(1) / t(2) = 1.65 / 21 = 0.079 < 0.091 -> no draft
+    assert len(drafter.propose(repeat_index(), 64)) == 0
+    full_accepts(drafter, 10)  # 10 drafts x 30 tokens from a match of 10, all accepted
+    # bucket <=11: 20 accepted -> (20 + 3.9) / 26 = 0.9192; bucket <=23: 120 -> 124.68 / 126
+    # = 0.9895; bucket >23: 160 -> 165.28 / 166 = 0.9957.
+    rates = [drafter.acceptance.rate(False, 10 + i) for i in range(40)]
+    assert rates[0] == pytest.approx(23.9 / 26)
+    assert rates[2] == pytest.approx(124.68 / 126)
+    assert rates[14] == pytest.approx(165.28 / 166)
+    draft = drafter.propose(repeat_index(), 64)
+    assert len(draft) == rate_oracle_k(rates, steep_cost().curve()) == 31
+    assert draft.tokens == (SEQ[10:] + SEQ[:10])[:31]
+
+
+def test_record_moves_drafts_both_ways_on_a_gpu_curve():
+    def propose_len(drafter):
+        return len(drafter.propose(repeat_index(), 64))
+
+    prior_rates = [0.65, 0.65] + [0.78] * 12 + [0.88] * 26  # match lengths 10 .. 49
+    curve = linear_cost(10.05, 0.05).curve()  # t(n) = 10 + 0.05 n
+    fresh = Drafter(linear_cost(10.05, 0.05))
+    assert propose_len(fresh) == rate_oracle_k(prior_rates, curve) == 16
+
+    trusted = Drafter(linear_cost(10.05, 0.05))
+    full_accepts(trusted, 10)
+    assert propose_len(trusted) == 40  # everything available
+
+    burned = Drafter(linear_cost(10.05, 0.05))
+    for _ in range(5):  # first token rejected every time: one rejection each at length 10
+        burned.record(Draft(list(range(30)), 10, False, 1.0), 0)
+    # bucket <=11: 3.9 / (5 + 6) = 0.3545, other buckets untouched
+    burned_rates = [3.9 / 11] * 2 + prior_rates[2:]
+    assert propose_len(burned) == rate_oracle_k(burned_rates, curve) == 12
+
+    burned.reset()  # a new request forgets the history but keeps the cost curve
+    assert propose_len(burned) == 16
+
+
+def test_record_ignores_empty_drafts_and_keeps_kinds_apart():
+    drafter = Drafter(linear_cost(10.0, 0.0))
+    drafter.record(EMPTY_DRAFT, 0)
+    assert drafter.acceptance.accepted.sum() == 0 and drafter.acceptance.rejected.sum() == 0
+    drafter.record(Draft([1, 2], 3, True, 1.0), 1)
+    assert drafter.acceptance.rate(True, 3) == pytest.approx((1 + 3) / (2 + 6))
+    assert drafter.acceptance.rate(False, 3) == pytest.approx(0.5)
+
+
+def test_drafter_rejects_negative_max_draft():
+    with pytest.raises(ValueError, match="max_draft must be >= 0, got -1"):
+        Drafter(CostModel(), max_draft=-1)
