@@ -84,13 +84,18 @@ class LlamaCppTarget:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
 
     # ---- KV cache and decoding ---------------------------------------------------
-    def begin(self, prompt: Sequence[int]) -> int:
-        """Make the KV cache hold prompt[:-1], reusing the longest cached prefix."""
+    def begin(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Prefill the prompt but its last chunk, reusing the longest cached prefix.
+
+        Chunks start at the reused prefix and are `max_batch` long, as in llama-cpp-python's
+        `Llama.eval`, so the logits of the prompt's last row come from the same computation.
+        Returns (reused entries, prompt tokens in the KV cache).
+        """
         llm = self.llm
-        target = list(prompt[:-1])
+        prompt = list(prompt)
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
         keep = 0
-        for a, b in zip(cached, target):
+        for a, b in zip(cached, prompt[:-1]):  # always decode the last prompt token again
             if a != b:
                 break
             keep += 1
@@ -98,24 +103,26 @@ class LlamaCppTarget:
         if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             self._lib.llama_memory_clear(self._memory, True)
             keep = 0
-        self._sync_llama(target[:keep])
+        self._sync_llama(prompt[:keep])
         self.n_past = keep
-        for start in range(keep, len(target), self.max_batch):
-            chunk = target[start : start + self.max_batch]
-            self._fill(chunk, logits_last_only=True)
+        n_chunks = -(-(len(prompt) - keep) // self.max_batch)
+        last_chunk_start = keep + (n_chunks - 1) * self.max_batch
+        for start in range(keep, last_chunk_start, self.max_batch):
+            chunk = prompt[start : start + self.max_batch]
+            self._fill(chunk, n_logits=1)
             self._decode()
             self.n_past += len(chunk)
-        return keep
+        return keep, last_chunk_start
 
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         n = len(tokens)
         if self.n_past + n > self.n_ctx:
             raise ValueError(f"decode of {n} tokens at position {self.n_past} overflows the context of {self.n_ctx}")
-        self._fill(tokens, logits_last_only=False)
+        self._fill(tokens, n_logits)
         self._decode()
         self.n_past += n
         ptr = self._lib.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))  # [n, n_vocab], a view
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))  # [n_logits, n_vocab], a view
 
     def rollback(self, n_keep: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, -1, n_keep, -1)
@@ -139,21 +146,23 @@ class LlamaCppTarget:
             # the logits buffer belongs to our last batch: never sample from it directly
             llm._requires_eval = True
 
-    def _fill(self, tokens: Sequence[int], logits_last_only: bool) -> None:
+    def _fill(self, tokens: Sequence[int], n_logits: int) -> None:
+        """Fill the batch at the current position; logits only for the last n_logits rows."""
         batch = self._batch
         n = len(tokens)
-        if n > self.max_batch:
-            raise ValueError(f"batch of {n} tokens exceeds max_batch {self.max_batch}")
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"batch of {n} tokens: must be 1..{self.max_batch}")
+        if not 1 <= n_logits <= n:
+            raise ValueError(f"n_logits must be in 1..{n}, got {n_logits}")
         batch.n_tokens = n
         pos0 = self.n_past
-        want = 0 if logits_last_only else 1
+        first_logit = n - n_logits
         for i, tok in enumerate(tokens):
             batch.token[i] = tok
             batch.pos[i] = pos0 + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = want
-        batch.logits[n - 1] = 1
+            batch.logits[i] = i >= first_logit
 
     def _decode(self) -> None:
         rc = self._lib.llama_decode(self._ctx, self._batch)
@@ -172,7 +181,7 @@ class LlamaCppTarget:
                 break
             tokens = [(97 + i) % self.n_vocab for i in range(n)]  # content does not change the cost
             t0 = time.perf_counter()
-            self.decode(tokens)
+            self.decode(tokens, n)
             out[n] = 1000 * (time.perf_counter() - t0)
             self.rollback(base)
         self.calibration_ms = out

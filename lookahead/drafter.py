@@ -49,17 +49,21 @@ class CostModel:
     when only one size was seen).
     """
 
-    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, smoothing: float = 0.2):
+    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, smoothing: float = 0.2,
+                 learning: bool = True):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = int(max_batch)
         self.prior_slope = float(prior_slope)
         self.smoothing = float(smoothing)
+        self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
         self._ms = np.full(self.max_batch + 1, np.nan)  # [n] EMA of decode time of n tokens
         self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
         self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
 
     def observe(self, n_tokens: int, ms: float) -> None:
+        if not self.learning:
+            return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
         old = self._ms[n_tokens]
@@ -115,6 +119,14 @@ class AcceptanceModel:
         a0 = _PRIOR_MEAN[b] * _PRIOR_STRENGTH
         b0 = (1 - _PRIOR_MEAN[b]) * _PRIOR_STRENGTH
         return float((self.accepted[kind, b] + a0) / (self.accepted[kind, b] + self.rejected[kind, b] + a0 + b0))
+
+    def rates(self, from_reference: bool, match_lengths: np.ndarray) -> np.ndarray:
+        """`rate` for many match lengths at once (vectorised; one call per proposal)."""
+        kind = int(from_reference)
+        a0 = np.asarray(_PRIOR_MEAN) * _PRIOR_STRENGTH
+        means = (self.accepted[kind] + a0) / (self.accepted[kind] + self.rejected[kind] + _PRIOR_STRENGTH)
+        buckets = np.searchsorted(_BUCKET_UPPER, match_lengths)  # first upper bound >= length
+        return means[np.minimum(buckets, len(_BUCKET_UPPER) - 1)]
 
     def update(self, from_reference: bool, match_length: int, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens had its first `accepted` accepted.
@@ -191,9 +203,7 @@ class Drafter:
         from_reference = match.positions[0][0] != CONTEXT
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
-        rates = np.array(
-            [self.acceptance.rate(from_reference, match.length + i) for i in range(len(tokens))]
-        )
+        rates = self.acceptance.rates(from_reference, match.length + np.arange(len(tokens)))
         k, expected = best_length(rates * agreement, self.cost.curve(), self.min_gain)
         if k == 0:
             return EMPTY_DRAFT

@@ -1,7 +1,8 @@
 """The decode loop: propose, verify in one target pass, emit, roll back. Backend-agnostic.
 
 A step decodes [last token] + draft at positions n_past .. n_past + k, which gives k + 1
-logits rows: row i predicts draft token i, row k the bonus token. The verifier keeps the
+logits rows: row i predicts draft token i, row k the bonus token. (The first step decodes the
+prompt's last chunk + draft, in the same chunks as llama-cpp-python's own prefill.) The verifier keeps the
 exact rule; the target's KV cache is then cut back to the last accepted position. The
 newest emitted token is never in the KV cache yet: it is the `last` token of the next step.
 With speculation off every draft is empty, so the plain path runs through the same code.
@@ -9,7 +10,7 @@ With speculation off every draft is empty, so the plain path runs through the sa
 from __future__ import annotations
 
 import time
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from .drafter import EMPTY_DRAFT, Drafter
 from .index import SuffixIndex
 from .sampling import SamplingParams, recent_window
 from .stats import SpeculationStats
-from .verify import verify_draft
+from .verify import Verdict, verify_draft
 
 
 class Target(Protocol):
@@ -27,11 +28,14 @@ class Target(Protocol):
     n_vocab: int
     max_batch: int  # most tokens one decode may take
 
-    def begin(self, prompt: Sequence[int]) -> int:
-        """Make the KV cache hold exactly prompt[:-1]; returns how many entries were reused."""
+    def begin(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Prefill all of the prompt but its last chunk (which holds at least its last token).
 
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append tokens at the current position; logits rows for all of them [n, n_vocab]."""
+        Returns (KV entries reused from the previous request, prompt tokens now in the KV).
+        """
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append tokens at the current position; logits of the last n_logits [n_logits, n_vocab]."""
 
     def rollback(self, n_keep: int) -> None:
         """Drop KV entries at positions >= n_keep."""
@@ -49,12 +53,15 @@ def generate_tokens(
     drafter: Drafter | None,
     index: SuffixIndex,
     stats: SpeculationStats,
+    observer: Callable[[np.ndarray, Sequence[int], Verdict], None] | None = None,
 ) -> Iterator[int]:
     """Yield generated tokens one at a time, distributed exactly as plain sampling.
 
     `index` must already hold the caller's references; the prompt and every emitted token
     are appended to its running context here. The consumer may stop iterating at any time
-    (EOS, stop string); closing the generator leaves the target consistent.
+    (EOS, stop string); closing the generator leaves the target consistent. `observer`, if
+    given, sees every step's (logits rows, draft, verdict) before the rows are reused: tests
+    use it to check each emitted token against the logits the verifier saw.
     """
     if len(prompt) == 0:
         raise ValueError("the prompt must hold at least one token")
@@ -63,45 +70,50 @@ def generate_tokens(
     t_start = time.perf_counter()
     stats.prompt_tokens = len(prompt)
     stats.speculative = drafter is not None
-    kv_tokens = list(prompt[:-1])  # tokens whose KV entries exist
+    kv_tokens: list[int] = []  # tokens whose KV entries exist
     try:
-        stats.reused_prompt_tokens = target.begin(prompt)
+        stats.reused_prompt_tokens, n_prefilled = target.begin(prompt)
+        kv_tokens = list(prompt[:n_prefilled])
         stats.prefill_ms = 1000 * (time.perf_counter() - t_start)
         index.extend(prompt)
         generated: list[int] = []
-        last = int(prompt[-1])
+        # Tokens to decode in the next pass before the draft: the prompt's last chunk first
+        # (so the first pass can already verify a draft), then always the newest token.
+        pending = [int(t) for t in prompt[n_prefilled:]]
         while len(generated) < max_new_tokens:
             t0 = time.perf_counter()
             room = min(
                 max_new_tokens - len(generated) - 1,  # tokens beyond max_tokens are wasted
-                target.n_ctx - len(kv_tokens) - 1,  # KV must hold [last] + draft
-                target.max_batch - 1,
+                target.n_ctx - len(kv_tokens) - len(pending),  # KV must hold pending + draft
+                target.max_batch - len(pending),
             )
             draft = drafter.propose(index, room) if drafter is not None and room > 0 else EMPTY_DRAFT
             t1 = time.perf_counter()
-            rows = target.decode([last, *draft.tokens])  # [k + 1, n_vocab]
+            rows = target.decode([*pending, *draft.tokens], len(draft) + 1)  # [k + 1, n_vocab]
             t2 = time.perf_counter()
-            window = recent_window(generated, params) if params.uses_penalties else ()
-            verdict = verify_draft(rows, draft.tokens, params, rng, window)
+            verdict = verify_draft(rows, draft.tokens, params, rng, generated if params.uses_penalties else ())
             t3 = time.perf_counter()
-            kv_tokens.append(last)
+            if observer is not None:
+                observer(rows, draft.tokens, verdict)
+            kv_tokens.extend(pending)
             kv_tokens.extend(draft.tokens[: verdict.accepted])
             if verdict.accepted < len(draft):
                 target.rollback(len(kv_tokens))
             if drafter is not None:
                 drafter.record(draft, verdict.accepted)
-                drafter.cost.observe(len(draft) + 1, 1000 * (t2 - t1))
+                if len(pending) == 1:
+                    drafter.cost.observe(len(draft) + 1, 1000 * (t2 - t1))
             stats.record_step(len(draft), verdict.accepted, len(verdict.tokens))
             stats.propose_ms += 1000 * (t1 - t0)
             stats.verify_ms += 1000 * (t2 - t1)
             stats.sample_ms += 1000 * (t3 - t2)
             index.extend(verdict.tokens)
+            pending = [verdict.tokens[-1]]
             for token in verdict.tokens:
                 if len(generated) >= max_new_tokens:
                     break
                 generated.append(token)
                 yield token
-            last = verdict.tokens[-1]
     finally:
         target.end(kv_tokens)
         stats.total_ms = 1000 * (time.perf_counter() - t_start)

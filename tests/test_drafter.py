@@ -450,3 +450,15 @@ def test_record_ignores_empty_drafts_and_keeps_kinds_apart():
 def test_drafter_rejects_negative_max_draft():
     with pytest.raises(ValueError, match="max_draft must be >= 0, got -1"):
         Drafter(CostModel(), max_draft=-1)
+
+
+def test_vectorised_rates_equal_scalar_rate():
+    from lookahead.drafter import AcceptanceModel
+
+    model = AcceptanceModel()
+    model.update(False, 3, drafted=5, accepted=2)
+    model.update(True, 30, drafted=8, accepted=8)
+    lengths = np.arange(0, 80)
+    for ref in (False, True):
+        expected = [model.rate(ref, int(n)) for n in lengths]
+        assert np.allclose(model.rates(ref, lengths), expected)
