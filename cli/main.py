@@ -1,0 +1,325 @@
+"""The `lookahead` command: generate text or rewrite a file with exact speculative decoding."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from lookahead.models import ModelError, check_gguf, default_model_path
+
+EXIT_INTERRUPTED = 130
+
+
+# ---- shared options ---------------------------------------------------------------------
+def _model_options(f):
+    f = click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1.")(f)
+    f = click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
+                     help="Context window in tokens (prompt + output).")(f)
+    f = click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads for llama.cpp. Default: all cores.")(f)
+    f = click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
+                     help="Layers to offload to a GPU build of llama.cpp (-1: all).")(f)
+    return f
+
+
+def _sampling_options(f):
+    f = click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help="0 = greedy (deterministic). Higher = more random.")(f)
+    f = click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
+                     help="Sample among the k most likely tokens (0 = all).")(f)
+    f = click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
+                     help="Nucleus sampling: smallest set with this much probability.")(f)
+    f = click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True,
+                     help="Drop tokens below min-p times the top token's probability.")(f)
+    f = click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
+                     show_default=True, help="Penalty for tokens among the last 64 generated (1 = off).")(f)
+    f = click.option("--seed", type=int, default=None, help="Random seed for sampling (reproducible runs).")(f)
+    f = click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+                     help="Most tokens to generate. Default: generate: 512; rewrite: twice the input.")(f)
+    f = click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")(f)
+    f = click.option("--no-speculate", is_flag=True,
+                     help="Plain decoding through the same engine (the reference for speed and output).")(f)
+    f = click.option("--max-draft", type=click.IntRange(min=1, max=256), default=64, show_default=True,
+                     help="Longest draft the cost model may choose.")(f)
+    f = click.option("--stats", "show_stats", is_flag=True, help="Print speculation stats to stderr.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead of text.")(f)
+    return f
+
+
+def _load(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: int, max_draft: int, speculate: bool):
+    import lookahead
+
+    try:
+        path = check_gguf(model_path) if model_path is not None else default_model_path()
+    except ModelError as e:
+        raise click.BadParameter(str(e), param_hint="--model") from None
+    threads = threads or os.cpu_count() or 1
+    try:
+        return lookahead.load(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers,
+                              speculate=speculate, max_draft=max_draft)
+    except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
+        raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
+
+
+def _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> dict[str, Any]:
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                repeat_penalty=repeat_penalty, seed=seed, stop=list(stop))
+
+
+def read_text_file(path: Path) -> str:
+    """Read a UTF-8 text file, or raise click.BadParameter saying why it is not one."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {e.strerror}") from None
+    if b"\x00" in data[:65536]:
+        raise click.BadParameter(f"{str(path)!r} looks binary (it contains NUL bytes); lookahead edits text files only")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.BadParameter(
+            f"{str(path)!r} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "convert it to UTF-8 first"
+        ) from None
+
+
+def _print_stats(stats: dict | None) -> None:
+    if not stats:
+        return
+    from lookahead.stats import SpeculationStats
+
+    fields = {k: v for k, v in stats.items() if k in SpeculationStats.__dataclass_fields__}
+    fields["accept_histogram"] = {int(k): v for k, v in stats.get("accept_histogram", {}).items()}
+    click.echo(SpeculationStats(**fields).summary(), err=True)
+
+
+class _Progress:
+    """A one-line progress report on stderr while output goes to a file."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.chars = 0
+        self._last = 0.0
+
+    def update(self, text: str) -> None:
+        self.chars += len(text)
+        now = time.perf_counter()
+        if self.enabled and now - self._last > 0.2:
+            self._last = now
+            click.echo(f"\r  {self.chars} chars, {now - self.t0:.1f} s", nl=False, err=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
+
+
+# ---- commands -----------------------------------------------------------------------------
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lookahead")
+def main() -> None:
+    """Exact prompt-lookup speculative decoding for local llama.cpp models.
+
+    A suffix index over the prompt, the output so far and any reference text proposes the
+    tokens that followed the current suffix before; the model checks the whole guess in one
+    pass and keeps exactly what its own sampling would have produced. Output is the same as
+    plain decoding (token for token at temperature 0); only the speed changes.
+
+    \b
+    Examples:
+      lookahead rewrite notes.md -i "Fix the typos" --in-place --stats
+      lookahead generate "Write a haiku about autumn" --max-tokens 64
+      echo "Summarise: ..." | lookahead generate - --json
+    """
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--file", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Read the prompt from a UTF-8 file.")
+@click.option("--mode", type=click.Choice(["auto", "chat", "raw"]), default="auto", show_default=True,
+              help="chat: wrap the prompt in the model's chat template; raw: complete the text as is; "
+                   "auto: chat when the model has a template.")
+@click.option("--system", default=None, help="System message (chat mode).")
+@click.option("--reference", "references", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="A text file whose passages the output may copy (repeatable).")
+@_sampling_options
+@_model_options
+def generate(prompt, prompt_file, mode, system, references, temperature, top_k, top_p, min_p, repeat_penalty,
+             seed, max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads,
+             gpu_layers):
+    """Generate text from PROMPT (an argument, --file FILE, or - / nothing for stdin).
+
+    The text streams to stdout as it is produced; --json prints one object at the end.
+    """
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt as an argument or with --file, not both")
+    if prompt_file is not None:
+        prompt = read_text_file(prompt_file)
+    elif prompt is None or prompt == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise click.UsageError("no prompt: pass PROMPT, --file FILE, or pipe text to stdin")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
+    ref_texts = [read_text_file(p) for p in references]
+    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate)
+    if mode == "auto":
+        mode = "chat" if fast.llm.metadata.get("tokenizer.chat_template") else "raw"
+    kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    kwargs.update(max_tokens=max_tokens or 512, references=ref_texts, stream=True)
+    try:
+        if mode == "chat":
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}]
+            chunks = (_chat_delta(c) for c in fast.create_chat_completion(messages, **kwargs))
+        else:
+            chunks = (_completion_delta(c) for c in fast.create_completion(prompt, **kwargs))
+        text, stats, finish = _consume(chunks, echo=not as_json)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if as_json:
+        click.echo(json.dumps({"text": text, "finish_reason": finish, "speculation": stats}, ensure_ascii=False))
+    else:
+        click.echo("")
+    if show_stats:
+        _print_stats(stats)
+
+
+def _completion_delta(chunk: dict) -> tuple[str, str | None, dict | None]:
+    choice = chunk["choices"][0]
+    return choice.get("text", ""), choice.get("finish_reason"), chunk.get("speculation")
+
+
+def _chat_delta(chunk: dict) -> tuple[str, str | None, dict | None]:
+    choice = chunk["choices"][0]
+    return choice.get("delta", {}).get("content") or "", choice.get("finish_reason"), chunk.get("speculation")
+
+
+def _consume(chunks: Iterator[tuple[str, str | None, dict | None]], echo: bool, sink=None):
+    parts: list[str] = []
+    stats = finish = None
+    for text, fin, spec in chunks:
+        if text:
+            parts.append(text)
+            if echo:
+                click.echo(text, nl=False)
+            if sink is not None:
+                sink(text)
+        finish = fin or finish
+        stats = spec or stats
+    return "".join(parts), stats, finish
+
+
+REWRITE_SYSTEM = (
+    "You are a careful editor. Apply the user's instruction to the document and reply with the "
+    "complete revised document only: keep everything the instruction does not ask to change, "
+    "and add no commentary."
+)
+
+
+def build_rewrite_messages(text: str, instruction: str, filename: str) -> list[dict]:
+    return [
+        {"role": "system", "content": REWRITE_SYSTEM},
+        {"role": "user", "content": f"Instruction: {instruction}\n\nDocument ({filename}):\n{text}"},
+    ]
+
+
+def strip_fences(text: str) -> str:
+    """Drop a Markdown code fence the model put around the whole document."""
+    body = text.strip("\n")
+    lines = body.split("\n")
+    if len(lines) >= 2 and lines[0].startswith("```") and lines[-1].strip() == "```":
+        return "\n".join(lines[1:-1])
+    return text
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--instruction", "-i", required=True, help='What to change, e.g. "Fix the typos".')
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the result here (atomically, once complete). Default: stream to stdout.")
+@click.option("--in-place", is_flag=True, help="Replace FILE with the result (atomically, once complete).")
+@_sampling_options
+@_model_options
+def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_p, repeat_penalty, seed,
+            max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads, gpu_layers):
+    """Rewrite FILE following --instruction, with FILE registered as the reference to copy from.
+
+    The result streams to stdout, or goes to --output / --in-place. A file being written is
+    left untouched until the new text is complete; then it is replaced atomically, so Ctrl-C
+    or an error never leaves a half-written file.
+    """
+    if output is not None and in_place:
+        raise click.UsageError("use --output FILE or --in-place, not both")
+    if not instruction.strip():
+        raise click.BadParameter("the instruction is empty", param_hint="--instruction")
+    text = read_text_file(file)
+    destination = file if in_place else output
+    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate)
+    messages = build_rewrite_messages(text, instruction, file.name)
+    n_doc = len(fast.target.tokenize(text, add_bos=False, special=False))
+    kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    kwargs.update(max_tokens=max_tokens or 2 * n_doc + 64, references=[text], stream=True)
+    progress = _Progress(enabled=destination is not None and not as_json)
+    try:
+        chunks = (_chat_delta(c) for c in fast.create_chat_completion(messages, **kwargs))
+        result, stats, finish = _consume(chunks, echo=destination is None and not as_json, sink=progress.update)
+        progress.done()
+        result = strip_fences(result)
+        if text.endswith("\n") and not result.endswith("\n"):
+            result += "\n"
+        if destination is not None:
+            write_atomic(destination, result)
+    except ValueError as e:
+        progress.done()
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        progress.done()
+        where = f"; {destination} left untouched" if destination is not None else ""
+        click.echo(f"\ninterrupted{where}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if as_json:
+        click.echo(json.dumps({"text": result, "finish_reason": finish, "output": str(destination) if destination else None,
+                               "speculation": stats}, ensure_ascii=False))
+    elif destination is None:
+        click.echo("")
+    else:
+        click.echo(f"wrote {destination} ({len(result)} chars, finish: {finish})", err=True)
+    if show_stats:
+        _print_stats(stats)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync it, then rename it over `path`."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".lookahead-tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,78 @@
+"""Shared fixtures: one real model (the embedded SmolLM2-135M-Instruct) for the whole session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "samples"
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from lookahead.models import default_model_path
+
+    # No skip: CI installs the model (scripts/setup.sh); a missing model is a failure.
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def llm(model_path):
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_threads=os.cpu_count() or 1,
+                           verbose=False)
+
+
+def flat_cost_model(max_batch: int):
+    """A cost curve where drafting always pays: forces long drafts, whatever this machine does.
+
+    Exactness tests use it so that they exercise speculation on every step they can.
+    """
+    from lookahead.drafter import CostModel
+
+    cost = CostModel(max_batch=max_batch)
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(n, 10.0 + 0.01 * n)
+    cost.learning = False  # keep it flat: real timings must not steepen it during the tests
+    return cost
+
+
+@pytest.fixture()
+def fresh(llm):
+    """The Llama with its KV cache emptied, so a run does not depend on earlier tests."""
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    return llm
+
+
+@pytest.fixture()
+def eager(fresh):
+    """A wrapper whose drafter drafts at every opportunity (flat cost curve)."""
+    import lookahead
+
+    fast = lookahead.wrap(fresh, calibrate=False)
+    fast.cost = flat_cost_model(fast.target.max_batch)
+    return fast
+
+
+class StepRecorder:
+    """Engine observer: keeps every emitted token with the logits row it was chosen from."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.argmax: list[int] = []
+        self.gap: list[float] = []  # top-1 minus top-2 logit of the row
+        self.drafted = 0
+
+    def __call__(self, rows, draft, verdict):
+        self.drafted += len(draft)
+        for i, token in enumerate(verdict.tokens):
+            row = np.asarray(rows[i], dtype=np.float64)
+            top2 = np.partition(row, -2)[-2:]
+            self.tokens.append(int(token))
+            self.argmax.append(int(np.argmax(row)))
+            self.gap.append(float(top2[1] - top2[0]))
