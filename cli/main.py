@@ -18,38 +18,46 @@ EXIT_INTERRUPTED = 130
 
 # ---- shared options ---------------------------------------------------------------------
 def _model_options(f):
-    f = click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1.")(f)
-    f = click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
-                     help="Context window in tokens (prompt + output).")(f)
-    f = click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads for llama.cpp. Default: all cores.")(f)
-    f = click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
-                     help="Layers to offload to a GPU build of llama.cpp (-1: all).")(f)
+    options = [
+        click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1."),
+        click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
+                         help="Context window in tokens (prompt + output)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                         help="CPU threads for llama.cpp. Default: all cores."),
+        click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
+                         help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
+    ]
+    for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
+        f = option(f)
     return f
 
 
 def _sampling_options(f):
-    f = click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-                     help="0 = greedy (deterministic). Higher = more random.")(f)
-    f = click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
-                     help="Sample among the k most likely tokens (0 = all).")(f)
-    f = click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
-                     help="Nucleus sampling: smallest set with this much probability.")(f)
-    f = click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True,
-                     help="Drop tokens below min-p times the top token's probability.")(f)
-    f = click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
-                     show_default=True, help="Penalty for tokens among the last 64 generated (1 = off).")(f)
-    f = click.option("--seed", type=int, default=None, help="Random seed for sampling (reproducible runs).")(f)
-    f = click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-                     help="Most tokens to generate. Default: generate: 512; rewrite: twice the input.")(f)
-    f = click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")(f)
-    f = click.option("--no-speculate", is_flag=True,
-                     help="Plain decoding through the same engine (the reference for speed and output).")(f)
-    f = click.option("--max-draft", type=click.IntRange(min=1, max=256), default=64, show_default=True,
-                     help="Longest draft the cost model may choose.")(f)
-    f = click.option("--stats", "show_stats", is_flag=True, help="Print speculation stats to stderr.")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead of text.")(f)
+    options = [
+        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                         help="0 = greedy (deterministic). Higher = more random."),
+        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
+                         help="Sample among the k most likely tokens (0 = all)."),
+        click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
+                         help="Nucleus sampling: smallest set with this much probability."),
+        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True,
+                         help="Drop tokens below min-p times the top token's probability."),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
+                         show_default=True, help="Penalty for tokens among the last 64 generated (1 = off)."),
+        click.option("--seed", type=int, default=None, help="Random seed for sampling (reproducible runs)."),
+        click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+                         help="Most tokens to generate. Default: generate: 512; rewrite: twice the input."),
+        click.option("--stop", multiple=True, help="Stop when this string appears (repeatable)."),
+        click.option("--no-speculate", is_flag=True,
+                         help="Plain decoding through the same engine (the reference for speed and output)."),
+        click.option("--max-draft", type=click.IntRange(min=1, max=256), default=64, show_default=True,
+                         help="Longest draft the cost model may choose."),
+        click.option("--stats", "show_stats", is_flag=True, help="Print speculation stats to stderr."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead of text."),
+    ]
+    for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
+        f = option(f)
     return f
 
 
@@ -221,18 +229,17 @@ def _consume(chunks: Iterator[tuple[str, str | None, dict | None]], echo: bool, 
     return "".join(parts), stats, finish
 
 
-REWRITE_SYSTEM = (
-    "You are a careful editor. Apply the user's instruction to the document and reply with the "
-    "complete revised document only: keep everything the instruction does not ask to change, "
-    "and add no commentary."
-)
+CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java", ".sh", ".rb", ".php", ".cs",
+                 ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".sql", ".html", ".css"}
 
 
 def build_rewrite_messages(text: str, instruction: str, filename: str) -> list[dict]:
-    return [
-        {"role": "system", "content": REWRITE_SYSTEM},
-        {"role": "user", "content": f"Instruction: {instruction}\n\nDocument ({filename}):\n{text}"},
-    ]
+    """The chat request for a rewrite. One user turn, instruction first, then the text:
+    small instruct models (SmolLM2-135M) follow this form best of the ones tried."""
+    kind = "file" if Path(filename).suffix.lower() in CODE_SUFFIXES else "document"
+    ask = instruction.strip().rstrip(".")
+    return [{"role": "user",
+             "content": f"{ask} in the following {kind}. Output the whole revised {kind} and nothing else.\n\n{text}"}]
 
 
 def strip_fences(text: str) -> str:
@@ -272,6 +279,8 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
     kwargs.update(max_tokens=max_tokens or 2 * n_doc + 64, references=[text], stream=True)
     progress = _Progress(enabled=destination is not None and not as_json)
+    click.echo(f"rewriting {file} ({n_doc} tokens) with {Path(fast.llm.model_path).name}"
+               f"{'' if destination is None else f' -> {destination}'}", err=True)
     try:
         chunks = (_chat_delta(c) for c in fast.create_chat_completion(messages, **kwargs))
         result, stats, finish = _consume(chunks, echo=destination is None and not as_json, sink=progress.update)

@@ -1,0 +1,1 @@
+"""The `lookahead` command line (click); entry point lookahead.cli.main:main."""

@@ -1,0 +1,187 @@
+"""The `lookahead` command end to end (real entry point, real model) and its bad-input paths."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES
+
+BIN = Path(sys.executable).parent / "lookahead"
+
+
+def cli(*args, input=None, timeout=300):
+    return subprocess.run([str(BIN), *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_explains_every_command():
+    for args in ([], ["generate"], ["rewrite"]):
+        out = cli(*args, "--help")
+        assert out.returncode == 0, out.stderr
+        assert "Usage: lookahead" in out.stdout
+    rewrite_help = cli("rewrite", "--help").stdout
+    for flag in ("--instruction", "--output", "--in-place", "--model", "--temperature", "--seed", "--json",
+                 "--stats", "--no-speculate"):
+        assert flag in rewrite_help
+
+
+@pytest.mark.model
+def test_rewrite_to_output_file_json(tmp_path):
+    src = tmp_path / "notes.md"
+    shutil.copy(SAMPLES / "docs" / "tallybook_readme.md", src)
+    before = src.read_bytes()
+    dest = tmp_path / "fixed.md"
+    out = cli("rewrite", src, "-i", "Fix the spelling mistakes", "--output", dest, "--max-tokens", "60", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["output"] == str(dest)
+    assert dest.read_text() == result["text"]
+    assert result["speculation"]["generated_tokens"] > 0
+    assert src.read_bytes() == before  # --output never touches the source
+    assert not list(tmp_path.glob("*.lookahead-tmp"))
+
+
+@pytest.mark.model
+def test_rewrite_streams_to_stdout_with_stats():
+    out = cli("rewrite", SAMPLES / "code" / "textutils.py", "-i", "Add type hints", "--max-tokens", "40", "--stats")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "tokens/pass" in out.stderr and "accepted" in out.stderr
+
+
+@pytest.mark.model
+def test_rewrite_in_place_same_as_no_speculate(tmp_path):
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    for p in (a, b):
+        shutil.copy(SAMPLES / "docs" / "meeting_notes.md", p)
+    args = ["-i", "Change every date to YYYY-MM-DD", "--max-tokens", "80", "--in-place"]
+    ra = cli("rewrite", a, *args)
+    rb = cli("rewrite", b, *args, "--no-speculate")
+    assert ra.returncode == 0 and rb.returncode == 0, ra.stderr + rb.stderr
+    assert a.read_text() != (SAMPLES / "docs" / "meeting_notes.md").read_text()
+    assert a.read_text() == b.read_text()  # greedy: speculation changes speed only
+
+
+@pytest.mark.model
+def test_generate_json_from_stdin():
+    out = cli("generate", "-", "--max-tokens", "12", "--json", input="Name three colours.")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["text"] and result["finish_reason"] in ("stop", "length")
+    assert result["speculation"]["prompt_tokens"] > 0
+
+
+@pytest.mark.model
+def test_generate_raw_mode_with_stop():
+    out = cli("generate", "One, two, three, four,", "--mode", "raw", "--max-tokens", "30", "--stop", "eight", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert "eight" not in result["text"]
+
+
+# ---- bad input: clear error, non-zero exit, nothing lost ------------------------------------
+def test_missing_model(tmp_path):
+    out = cli("generate", "hi", "--model", tmp_path / "nope.gguf")
+    assert out.returncode != 0
+    assert "model file not found" in out.stderr and "nope.gguf" in out.stderr
+
+
+def test_not_a_gguf_model(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_text("this is not a model")
+    out = cli("generate", "hi", "--model", fake)
+    assert out.returncode != 0
+    assert "not a GGUF model" in out.stderr and "model.gguf" in out.stderr
+
+
+def test_truncated_gguf_model(tmp_path):
+    fake = tmp_path / "cut.gguf"
+    fake.write_bytes(b"GGUF" + b"\x00" * 64)
+    out = cli("generate", "hi", "--model", fake)
+    assert out.returncode != 0
+    assert "cut.gguf" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("data, message", [(b"caf\xe9 au lait\n", "not valid UTF-8"), (b"\x7fELF\x00\x01\x02", "looks binary")])
+def test_non_text_file_is_refused_and_untouched(tmp_path, data, message):
+    f = tmp_path / "input.txt"
+    f.write_bytes(data)
+    out = cli("rewrite", f, "-i", "Fix it", "--in-place")
+    assert out.returncode != 0
+    assert message in out.stderr and "input.txt" in out.stderr
+    assert f.read_bytes() == data
+
+
+@pytest.mark.parametrize("args, name", [(["--top-p", "1.5"], "--top-p"), (["--temperature", "-1"], "--temperature"),
+                                        (["--min-p", "2"], "--min-p"), (["--top-k", "-3"], "--top-k"),
+                                        (["--max-tokens", "0"], "--max-tokens")])
+def test_out_of_range_sampling_values(args, name):
+    out = cli("generate", "hi", *args)
+    assert out.returncode == 2
+    assert name in out.stderr and "Invalid value" in out.stderr
+
+
+@pytest.mark.model
+def test_prompt_longer_than_context(tmp_path):
+    f = tmp_path / "big.md"
+    text = (SAMPLES / "docs" / "howto_backups.md").read_text() * 3
+    f.write_text(text)
+    out = cli("rewrite", f, "-i", "Fix typos", "--in-place", "--n-ctx", "256")
+    assert out.returncode != 0
+    assert "exceed context window of 256" in out.stderr and "Traceback" not in out.stderr
+    assert f.read_text() == text
+
+
+def test_conflicting_outputs(tmp_path):
+    f = tmp_path / "a.md"
+    f.write_text("hello\n")
+    out = cli("rewrite", f, "-i", "x", "--in-place", "--output", tmp_path / "b.md")
+    assert out.returncode == 2 and "not both" in out.stderr
+
+
+@pytest.mark.model
+def test_ctrl_c_during_rewrite_leaves_file_untouched(tmp_path):
+    f = tmp_path / "notes.md"
+    shutil.copy(SAMPLES / "docs" / "howto_backups.md", f)
+    before = f.read_bytes()
+    proc = subprocess.Popen([str(BIN), "rewrite", str(f), "-i", "Rewrite in a formal tone", "--in-place",
+                             "--no-speculate", "--max-tokens", "3000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Wait until generation has started (the command announces it), then interrupt mid-way.
+    line = proc.stderr.readline()
+    assert line.startswith("rewriting"), line
+    time.sleep(1.5)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "left untouched" in err
+    assert f.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]  # no temporary file left behind
+
+
+def test_write_atomic_keeps_original_on_failure(tmp_path, monkeypatch):
+    from lookahead.cli.main import write_atomic
+
+    f = tmp_path / "doc.txt"
+    f.write_text("original\n")
+    os.chmod(f, 0o640)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(f, "new text\n")
+    assert f.read_text() == "original\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]
+    monkeypatch.undo()
+    write_atomic(f, "new text\n")
+    assert f.read_text() == "new text\n" and (f.stat().st_mode & 0o777) == 0o640
