@@ -21,8 +21,29 @@ from lookahead.index import Match, SuffixIndex
 # A CPU-like verify cost: t(n) in ms for n tokens in one decode (interpolated in between).
 STEEP_POINTS = ((1, 11.0), (2, 21.0), (4, 29.0), (8, 43.0), (16, 86.0), (32, 150.0), (64, 293.0))
 
-# Prior per-token acceptance by match-length bucket (<=2, <=5, <=11, <=23, more), strength 6.
+# The hand-computed cases below use this small prior table (per-token acceptance by
+# match-length bucket <=2, <=5, <=11, <=23, more; strength 6), installed by the autouse
+# fixture, so that they test the mechanism whatever table ships (tested separately below).
 PRIOR = {2: 0.30, 5: 0.50, 11: 0.65, 23: 0.78, 24: 0.88}
+
+
+@pytest.fixture(autouse=True)
+def hand_prior_table(monkeypatch):
+    import lookahead.drafter as drafter
+
+    monkeypatch.setattr(drafter, "_BUCKET_UPPER", (2, 5, 11, 23, 1 << 30))
+    monkeypatch.setattr(drafter, "_PRIOR_MEAN", (0.30, 0.50, 0.65, 0.78, 0.88))
+    monkeypatch.setattr(drafter, "_PRIOR_STRENGTH", 6.0)
+
+
+def test_shipped_prior_table_is_well_formed(monkeypatch):
+    import lookahead.drafter as shipped
+
+    monkeypatch.undo()  # the table as shipped, not the fixture's
+    upper, mean = np.array(shipped._BUCKET_UPPER), np.array(shipped._PRIOR_MEAN)
+    assert len(upper) == len(mean) and upper[0] >= 1 and np.all(np.diff(upper) > 0)
+    assert np.all((mean > 0) & (mean < 1)) and np.all(np.diff(mean) >= 0)  # longer match, likelier
+    assert shipped._PRIOR_STRENGTH > 0
 
 
 def steep_curve(max_batch=128):
