@@ -249,10 +249,14 @@ class Lookahead:
         text = b""
         emitted = 0
         multibyte_fix = 0
+        if stopping_criteria is not None:  # llama-cpp-python's form: (input_ids so far, logits)
+            input_ids = np.zeros(len(prompt_tokens) + engine_max + 1, dtype=np.intc)
+            input_ids[: len(prompt_tokens)] = prompt_tokens
+            no_logits = np.zeros(target.n_vocab, dtype=np.single)
         try:
             for token in tokens:
                 if stopping_criteria is not None and stopping_criteria(
-                    np.asarray(prompt_tokens + completion, dtype=np.intc), np.zeros(target.n_vocab, dtype=np.single)
+                    input_ids[: len(prompt_tokens) + len(completion)], no_logits
                 ):
                     outcome.finish_reason = "stop"
                     break
@@ -260,6 +264,8 @@ class Lookahead:
                     outcome.finish_reason = "stop"
                     break
                 completion.append(token)
+                if stopping_criteria is not None:
+                    input_ids[len(prompt_tokens) + len(completion) - 1] = token
                 text += target.piece(token)
                 # The same hold-back rule as llama-cpp-python for a trailing partial character.
                 for k, char in enumerate(text[-3:]):
