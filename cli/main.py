@@ -330,5 +330,10 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+from lookahead.cli.bench import bench  # noqa: E402  (after `main` exists: bench is one of its commands)
+
+main.add_command(bench)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

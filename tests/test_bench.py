@@ -1,0 +1,265 @@
+"""`lookahead bench`: its computations by hand (no model), then the command end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from lookahead.cli.bench import (
+    LOOKAHEAD,
+    PLAIN,
+    Run,
+    fit_alpha,
+    format_table,
+    geometric_mean,
+    load_workloads,
+    mean_draft_length,
+    predicted_speedup,
+    relative_verify_cost,
+    require_matplotlib,
+    resolve_prompt_lookup_calls,
+    rotated,
+    summarise,
+    summarise_group,
+    summarise_workload,
+    workload_seed,
+)
+
+BIN = Path(sys.executable).parent / "lookahead"
+LINEAR_CURVE_MS = [10.0 + 5.0 * (n - 1) for n in range(0, 65)]  # t(n) = 10 + 5 (n - 1); index 0 unused
+LINEAR_CURVE_MS[0] = 10.0
+DRAFTS = [(4, 4), (4, 1), (2, 0)]  # (drafted, accepted): 5 accepted, 2 drafts with a rejection
+
+
+# ---- pure computations ---------------------------------------------------------------------
+@pytest.mark.parametrize("values, expected", [
+    ([1.0, 4.0], 2.0),
+    ([2.0, 8.0, None], 4.0),  # None (no baseline) is skipped
+    ([0.5, 2.0], 1.0),
+    ([3.0], 3.0),
+])
+def test_geometric_mean(values, expected):
+    assert geometric_mean(values) == pytest.approx(expected)
+
+
+def test_geometric_mean_of_nothing_is_none():
+    assert geometric_mean([]) is None
+    assert geometric_mean([None]) is None
+
+
+@pytest.mark.parametrize("drafts, alpha", [
+    (DRAFTS, 5 / 7),
+    ([(3, 3), (5, 5)], 1.0),  # never rejected
+    ([(4, 0), (2, 0)], 0.0),  # always rejected at once
+    ([(6, 2)], 2 / 3),  # tokens after the first rejection were never tested: not evidence
+    ([], None),
+])
+def test_fit_alpha(drafts, alpha):
+    assert fit_alpha(drafts) == (None if alpha is None else pytest.approx(alpha))
+
+
+def test_mean_draft_length():
+    assert mean_draft_length(DRAFTS) == pytest.approx(10 / 3)
+    assert mean_draft_length([]) is None
+
+
+def test_relative_verify_cost():
+    # Linear curve: each extra token costs half a single decode, whatever k.
+    assert relative_verify_cost(LINEAR_CURVE_MS, 2) == pytest.approx(0.5)
+    assert relative_verify_cost(LINEAR_CURVE_MS, 10 / 3) == pytest.approx(0.5)
+    curve = [11.0, 11.0, 21.0, 25.0, 29.0]  # t(1) = 11, t(2) = 21, t(3) = 25, t(4) = 29
+    assert relative_verify_cost(curve, 3) == pytest.approx((29 - 11) / (3 * 11))
+    assert relative_verify_cost(curve, 1.5) == pytest.approx((23 - 11) / (1.5 * 11))  # t(2.5) = 23
+    assert relative_verify_cost(curve, 0) == 0.0
+
+
+@pytest.mark.parametrize("alpha, k, c, expected", [
+    (0.5, 2, 0.5, (1 - 0.125) / (0.5 * 2)),  # 1.75 tokens per pass, pass costs 2 decodes
+    (1.0, 3, 0.25, 4 / 1.75),  # all accepted: k + 1 tokens per pass
+    (0.0, 4, 0.1, 1 / 1.4),  # nothing accepted: the draft is pure cost
+    (0.8, 0, 0.3, 1.0),  # no draft: plain decoding
+    (0.9, 8, 0.0, (1 - 0.9 ** 9) / 0.1),  # free verification
+])
+def test_predicted_speedup(alpha, k, c, expected):
+    assert predicted_speedup(alpha, k, c) == pytest.approx(expected)
+
+
+def test_resolve_prompt_lookup_calls():
+    # context 100, draft 10 -> next context 104: 3 accepted + 1 sampled; then all 10 + bonus;
+    # an empty draft is no draft; the last call's outcome is unknown.
+    calls = [(100, 10), (104, 10), (115, 0), (116, 5)]
+    assert resolve_prompt_lookup_calls(calls) == [(10, 3), (10, 10)]
+    assert resolve_prompt_lookup_calls([(50, 10)]) == []
+    assert resolve_prompt_lookup_calls([]) == []
+
+
+def test_seed_is_fixed_per_workload_and_rep():
+    assert workload_seed("edit-a", 0) == workload_seed("edit-a", 0)
+    assert workload_seed("edit-a", 0) != workload_seed("edit-a", 1)
+    assert workload_seed("edit-a", 0) != workload_seed("edit-b", 0)
+    assert 0 <= workload_seed("x", 7) < 2 ** 31
+
+
+def test_rotated():
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert rotated([], 3) == []
+
+
+# ---- summaries -----------------------------------------------------------------------------
+def _runs(workload="w1", category="edit", temperature=0.0, plain_s=(1.0, 3.0, 2.0), lookahead_s=(1.0, 1.0, 1.0),
+          same_text=True):
+    runs = []
+    for rep, (p, la, drafts) in enumerate(zip(plain_s, lookahead_s, [[d] for d in DRAFTS])):
+        runs.append(Run(workload, category, temperature, rep, PLAIN, p, text="out"))
+        runs.append(Run(workload, category, temperature, rep, LOOKAHEAD, la, text="out" if same_text else "other",
+                        drafts=drafts, generated_tokens=10, target_passes=5, reused_prompt_tokens=0))
+    return runs
+
+
+def test_summarise_workload():
+    row = summarise_workload(_runs(), LINEAR_CURVE_MS)
+    assert (row["id"], row["category"], row["temperature"]) == ("w1", "edit", 0.0)
+    plain, la = row["methods"][PLAIN], row["methods"][LOOKAHEAD]
+    assert plain["seconds"] == [1.0, 3.0, 2.0] and plain["median_s"] == 2.0 and plain["speedup"] == 1.0
+    assert plain["identical"] is None and plain["speculation"] is None
+    assert la["median_s"] == 1.0 and la["speedup"] == 2.0 and la["identical"] is True
+    spec = la["speculation"]
+    assert (spec["drafted"], spec["accepted"], spec["draft_passes"], spec["rejected_drafts"]) == (10, 5, 3, 2)
+    assert spec["acceptance_rate"] == 0.5
+    assert spec["tokens_per_pass"] == 2.0  # 30 tokens in 15 passes
+    assert spec["alpha"] == pytest.approx(5 / 7, abs=1e-4)
+    assert spec["k"] == pytest.approx(10 / 3, abs=1e-3)
+    assert spec["c"] == 0.5
+    # (1 - (5/7)^(13/3)) / ((2/7)(1 + 10/3 * 0.5))
+    assert spec["predicted_speedup"] == pytest.approx(1.0071, abs=1e-4)
+    assert spec["accept_histogram"] == {"0": 1, "1": 1, "4": 1}
+
+
+def test_identical_only_at_temperature_zero():
+    assert summarise_workload(_runs(same_text=False))["methods"][LOOKAHEAD]["identical"] is False
+    assert summarise_workload(_runs(temperature=0.7))["methods"][LOOKAHEAD]["identical"] is None
+
+
+def test_summarise_group_pools_drafts_and_takes_geometric_mean():
+    runs = _runs("w1") + _runs("w2", plain_s=(1.0, 1.0, 1.0), lookahead_s=(2.0, 2.0, 2.0), same_text=False)
+    rows = [summarise_workload([r for r in runs if r.workload == w], LINEAR_CURVE_MS) for w in ("w1", "w2")]
+    group = summarise_group(rows, "edit", runs, LINEAR_CURVE_MS)
+    assert group["n"] == 2 and group["category"] == "edit" and group["temperature"] == 0.0
+    assert group["speedup"] == {LOOKAHEAD: pytest.approx(1.0)}  # sqrt(2 × 0.5)
+    assert group["identical"] == {LOOKAHEAD: {"identical": 1, "of": 2}}
+    spec = group["speculation"][LOOKAHEAD]
+    assert (spec["drafted"], spec["accepted"], spec["rejected_drafts"]) == (20, 10, 4)
+    assert spec["alpha"] == pytest.approx(5 / 7, abs=1e-4)
+    assert spec["tokens_per_pass"] == 2.0
+    assert "accept_histogram" not in spec
+
+
+def test_summarise_orders_categories_then_all_per_temperature():
+    runs = (_runs("e1", "edit") + _runs("o1", "open") + _runs("e1", "edit", 0.7) + _runs("o1", "open", 0.7))
+    rows, summaries = summarise(runs, LINEAR_CURVE_MS)
+    assert len(rows) == 4
+    assert [(s["category"], s["temperature"]) for s in summaries] == [
+        ("edit", 0.0), ("open", 0.0), ("all", 0.0), ("edit", 0.7), ("open", 0.7), ("all", 0.7)]
+    assert summaries[2]["n"] == 2
+    table = format_table(summaries)
+    for column in ("category", "lookahead ×", "acceptance", "tokens/pass", "alpha", "predicted ×", "identical"):
+        assert column in table
+    assert "2/2" in table  # both t=0 outputs identical
+
+
+# ---- workloads file ------------------------------------------------------------------------
+def _write(tmp_path, rows, name="w.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _chat(id, category, max_tokens=100):
+    return {"id": id, "category": category, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+
+
+def test_load_workloads_filters_limits_and_caps(tmp_path):
+    path = _write(tmp_path, [_chat("e1", "edit"), _chat("e2", "edit", 8), _chat("e3", "edit"),
+                             {"id": "o1", "category": "open", "prompt": "Once upon", "max_tokens": 50}, ""])
+    assert [w["id"] for w in load_workloads(path)] == ["e1", "e2", "e3", "o1"]
+    chosen = load_workloads(path, limit=2, max_tokens_cap=16)
+    assert [(w["id"], w["max_tokens"]) for w in chosen] == [("e1", 16), ("e2", 8), ("o1", 16)]
+    assert [w["id"] for w in load_workloads(path, categories=["open"])] == ["o1"]
+
+
+@pytest.mark.parametrize("row, message", [
+    ("{not json", "w.jsonl:2: not JSON"),
+    ({"id": "x", "category": "edit", "messages": [{"role": "user", "content": "a"}]}, "'max_tokens' must be"),
+    ({"id": "x", "category": "edit", "prompt": "a", "messages": [], "max_tokens": 5}, "exactly one of"),
+    ({"id": "x", "category": "edit", "prompt": 3, "max_tokens": 5}, "'prompt' must be a string"),
+    ({"id": "", "category": "edit", "prompt": "a", "max_tokens": 5}, "'id' must be"),
+    ({"id": "x", "category": "edit", "messages": [{"role": "user"}], "max_tokens": 5}, "'messages' must be"),
+    (_chat("e1", "edit"), "id 'e1' appears twice"),
+])
+def test_load_workloads_names_the_bad_line(tmp_path, row, message):
+    path = _write(tmp_path, [_chat("e1", "edit"), row])
+    with pytest.raises(click.BadParameter, match=message.replace("(", r"\(")):
+        load_workloads(path)
+
+
+def test_unknown_category_lists_the_ones_present(tmp_path):
+    path = _write(tmp_path, [_chat("e1", "edit"), _chat("r1", "rag")])
+    with pytest.raises(click.BadParameter, match="no workload has category 'poems'; the file has: edit, rag"):
+        load_workloads(path, categories=["poems"])
+
+
+def test_missing_matplotlib_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(click.ClickException, match=r"pip install 'lookahead\[bench\]'"):
+        require_matplotlib()
+
+
+def test_bench_help_lists_its_options():
+    out = subprocess.run([str(BIN), "bench", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--temperature", "--reps", "--limit", "--category", "--max-tokens", "--methods", "--json",
+                 "--plot", "--model", "--threads", "--n-ctx", "--llama-server", "--pld-tokens"):
+        assert flag in out.stdout
+    assert "bench" in subprocess.run([str(BIN), "--help"], capture_output=True, text=True, timeout=60).stdout
+
+
+# ---- end to end ----------------------------------------------------------------------------
+@pytest.mark.model
+def test_bench_end_to_end_json_and_plot(tmp_path):
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    path = _write(tmp_path, [
+        {"id": "copy-chat", "category": "edit", "max_tokens": 64,
+         "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]},
+        {"id": "raw-prompt", "category": "open", "max_tokens": 64, "prompt": "Once upon a time"},
+    ])
+    png = tmp_path / "bench.png"
+    out = subprocess.run([str(BIN), "bench", str(path), "--reps", "1", "--max-tokens", "16", "--methods", "plain",
+                          "--methods", "lookahead", "--json", "--plot", str(png), "--n-ctx", "1024"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) == {"config", "workloads", "summary"}
+    config = result["config"]
+    assert config["reps"] == 1 and config["n_ctx"] == 1024 and config["methods"] == [PLAIN, LOOKAHEAD]
+    assert config["model"].endswith(".gguf") and config["threads"] >= 1 and config["date"]
+    assert config["max_tokens_cap"] == 16 and "prefill" in config["prefix_cache"]
+    assert [row["id"] for row in result["workloads"]] == ["copy-chat", "raw-prompt"]
+    for row in result["workloads"]:
+        assert row["temperature"] == 0.0
+        assert set(row["methods"]) == {PLAIN, LOOKAHEAD}
+        assert row["methods"][PLAIN]["speedup"] == 1.0
+        la = row["methods"][LOOKAHEAD]
+        assert la["median_s"] > 0 and la["speedup"] > 0 and isinstance(la["identical"], bool)
+        assert {"drafted", "accepted", "target_passes", "accept_histogram", "alpha", "k",
+                "predicted_speedup"} <= set(la["speculation"])
+    assert [s["category"] for s in result["summary"]] == ["edit", "open", "all"]
+    overall = result["summary"][-1]
+    assert overall["n"] == 2 and LOOKAHEAD in overall["speedup"] and overall["identical"][LOOKAHEAD]["of"] == 2
+    assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
