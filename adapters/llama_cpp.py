@@ -170,9 +170,10 @@ class LlamaCppTarget:
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
 
     def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> dict[int, float]:
-        """Time one decode of each size after the current position, then roll it back.
+        """Time one decode of each size at the current position, then roll it back: {n: ms}.
 
-        Uses real prompt state (call after `begin`), so the attention cost is realistic.
+        Call it with a real context in the KV cache: attention makes a decode at position
+        600 markedly dearer than the same decode at position 0.
         """
         base = self.n_past
         out: dict[int, float] = {}

@@ -81,8 +81,8 @@ class Lookahead:
         if self.cost is None or self.cost.max_batch != self.target.max_batch:
             self.cost = CostModel(max_batch=self.target.max_batch)
             _COST_MODELS[llm] = self.cost
-        if calibrate and self.speculate and not self.cost.calibrated:
-            self.calibrate()
+        if calibrate and not self.cost.calibrated:
+            self.cost.needs_calibration = True  # done in the first speculative request
         self._references: list[list[int]] = []
         self.last_stats: SpeculationStats | None = None
         self.observer = None  # engine step observer (tests, diagnostics); see engine.generate_tokens
@@ -239,7 +239,7 @@ class Lookahead:
                 index.add_reference(ref)
         drafter = None
         if spec and self.max_draft > 0:
-            drafter = Drafter(self.cost, max_draft=self.max_draft)
+            drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy)
         target = self.target
         # llama-cpp-python keeps sampling past max_tokens while the text ends inside a
         # multi-byte character; allow the engine a few tokens for that.
@@ -297,21 +297,6 @@ class Lookahead:
             outcome.text = text
         if stream and len(text) > emitted:
             yield text[emitted:].decode("utf-8", errors="ignore")
-
-    def calibrate(self) -> dict[int, float]:
-        """Time one decode of 1, 2, 4 .. 32 tokens here and seed the cost model (~0.4 s on 2 cores).
-
-        Later decodes keep the curve current; this only gives the drafter a curve to start from.
-        """
-        prompt = [max(self.llm.token_bos(), 0)] * 8
-        self.target.begin(prompt + [prompt[0]])  # leaves the 8 tokens in the KV cache
-        try:
-            timings = self.target.calibrate()
-        finally:
-            self.target.end(prompt)
-        for n, ms in timings.items():
-            self.cost.observe(n, ms)
-        return timings
 
     # ---- chat ---------------------------------------------------------------------
     def create_chat_completion(

@@ -20,6 +20,7 @@ c_i comes from two pieces of evidence:
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,11 +30,13 @@ from .index import CONTEXT, Match, SuffixIndex
 # Match-length buckets (upper bounds, inclusive) and the prior per-token acceptance for each:
 # the probability that a draft token is accepted, given the earlier ones were, when the
 # matched suffix (grown by the accepted tokens) has that length. Measured by replaying the
-# greedy outputs of samples/workloads.jsonl through the index (lookahead.simulate): about
-# 0.23 after a 1-token match, 0.5 after 2, 0.8 after 4-5, 0.9 after 8-11, 0.95+ after 16+.
+# outputs of samples/workloads.jsonl through the index (lookahead.simulate), greedy and
+# sampled at temperature 0.7 (a replayed sample decides acceptance exactly as the point-mass
+# rule does). Greedy: about 0.23 after a 1-token match, 0.8 after 4-5, 0.95 after 16+.
 # The posterior of each request moves away from them after a few drafts.
 _BUCKET_UPPER = (1, 2, 3, 5, 7, 11, 15, 23, 31, 47, 63, 1 << 30)
 _PRIOR_MEAN = (0.23, 0.53, 0.67, 0.82, 0.84, 0.90, 0.93, 0.95, 0.95, 0.98, 0.98, 0.99)
+_PRIOR_MEAN_SAMPLED = (0.22, 0.49, 0.57, 0.71, 0.74, 0.84, 0.88, 0.90, 0.95, 0.95, 0.95, 0.97)
 _PRIOR_STRENGTH = 10.0
 
 
@@ -47,31 +50,39 @@ def _bucket(match_length: int) -> int:
 class CostModel:
     """Verify cost t(n), in ms, of one decode of n tokens; learned from observed decodes.
 
-    Sizes that were observed use an exponential moving average of their timings. Other sizes
+    Sizes that were observed use the median of their recent timings. Other sizes
     are interpolated linearly between observed neighbours; beyond the largest observed size
     the curve is extrapolated with the slope of its last segment (or `prior_slope` times t(1)
     when only one size was seen).
     """
 
-    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, smoothing: float = 0.2,
+    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
                  learning: bool = True):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = int(max_batch)
         self.prior_slope = float(prior_slope)
-        self.smoothing = float(smoothing)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = int(window)
+        self._recent: dict[int, deque] = {}
         self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
+        self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
+        self.calibration_sizes = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
         self._ms = np.full(self.max_batch + 1, np.nan)  # [n] EMA of decode time of n tokens
         self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
         self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
 
     def observe(self, n_tokens: int, ms: float) -> None:
+        """Record one decode of `n_tokens` that took `ms`. The estimate for a size is the
+        median of its last `window` timings: robust to the spikes of a shared machine."""
         if not self.learning:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
-        old = self._ms[n_tokens]
-        self._ms[n_tokens] = ms if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * ms
+        recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
+        recent.append(float(ms))
+        self._ms[n_tokens] = float(np.median(recent))
         self._seen[n_tokens] += 1
         self._curve = None
 
@@ -117,17 +128,21 @@ class AcceptanceModel:
 
     accepted: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
     rejected: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
+    sampled: bool = False  # temperature > 0: the target sometimes picks another token than a copy
+
+    def _prior(self) -> np.ndarray:
+        return np.asarray(_PRIOR_MEAN_SAMPLED if self.sampled else _PRIOR_MEAN)
 
     def rate(self, from_reference: bool, match_length: int) -> float:
         kind, b = int(from_reference), _bucket(match_length)
-        a0 = _PRIOR_MEAN[b] * _PRIOR_STRENGTH
-        b0 = (1 - _PRIOR_MEAN[b]) * _PRIOR_STRENGTH
+        a0 = self._prior()[b] * _PRIOR_STRENGTH
+        b0 = (1 - self._prior()[b]) * _PRIOR_STRENGTH
         return float((self.accepted[kind, b] + a0) / (self.accepted[kind, b] + self.rejected[kind, b] + a0 + b0))
 
     def rates(self, from_reference: bool, match_lengths: np.ndarray) -> np.ndarray:
         """`rate` for many match lengths at once (vectorised; one call per proposal)."""
         kind = int(from_reference)
-        a0 = np.asarray(_PRIOR_MEAN) * _PRIOR_STRENGTH
+        a0 = self._prior() * _PRIOR_STRENGTH
         means = (self.accepted[kind] + a0) / (self.accepted[kind] + self.rejected[kind] + _PRIOR_STRENGTH)
         buckets = np.searchsorted(_BUCKET_UPPER, match_lengths)  # first upper bound >= length
         return means[np.minimum(buckets, len(_BUCKET_UPPER) - 1)]
@@ -181,17 +196,18 @@ def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float
 class Drafter:
     """Proposes a draft from the suffix index, sized by the cost model; learns per request."""
 
-    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02):
+    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02, sampled: bool = False):
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
         self.cost = cost
         self.max_draft = int(max_draft)
         self.min_gain = float(min_gain)
-        self.acceptance = AcceptanceModel()
+        self.sampled = bool(sampled)
+        self.acceptance = AcceptanceModel(sampled=self.sampled)
 
     def reset(self) -> None:
         """Start a new request: forget acceptance history (the cost curve is kept)."""
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel(sampled=self.sampled)
 
     def propose(self, index: SuffixIndex, limit: int) -> Draft:
         """The draft to verify next, at most `limit` tokens; EMPTY_DRAFT when none pays."""

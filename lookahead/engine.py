@@ -43,6 +43,9 @@ class Target(Protocol):
     def end(self, kv_tokens: Sequence[int]) -> None:
         """The request is over; `kv_tokens` are the tokens the KV cache holds."""
 
+    def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Time one decode of each size at the current position, then remove it: {n: ms}."""
+
 
 def generate_tokens(
     target: Target,
@@ -109,6 +112,15 @@ def generate_tokens(
             stats.sample_ms += 1000 * (t3 - t2)
             index.extend(verdict.tokens)
             pending = [verdict.tokens[-1]]
+            if drafter is not None and drafter.cost.needs_calibration:
+                # Time decodes of each size once, here: after the prompt, where the attention
+                # cost is that of real requests (a decode of n tokens at position 0 is much
+                # cheaper than at position 600). Then the KV cache is cut back.
+                drafter.cost.needs_calibration = False
+                t_cal = time.perf_counter()
+                for n_tokens, ms in target.calibrate(drafter.cost.calibration_sizes).items():
+                    drafter.cost.observe(n_tokens, ms)
+                stats.calibration_ms = 1000 * (time.perf_counter() - t_cal)
             for token in verdict.tokens:
                 if len(generated) >= max_new_tokens:
                     break

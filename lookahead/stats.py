@@ -19,6 +19,7 @@ class SpeculationStats:
     propose_ms: float = 0.0  # index queries + drafting decisions
     verify_ms: float = 0.0  # target decodes of [last token + draft]
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
+    calibration_ms: float = 0.0  # one-off timing of the verify-cost curve (first request only)
     total_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
 
@@ -53,7 +54,7 @@ class SpeculationStats:
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
         out["tokens_per_second"] = round(self.tokens_per_second, 2)
-        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "total_ms"):
+        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms"):
             out[key] = round(out[key], 3)
         return out
 

@@ -42,7 +42,12 @@ def test_shipped_prior_table_is_well_formed(monkeypatch):
     monkeypatch.undo()  # the table as shipped, not the fixture's
     upper, mean = np.array(shipped._BUCKET_UPPER), np.array(shipped._PRIOR_MEAN)
     assert len(upper) == len(mean) and upper[0] >= 1 and np.all(np.diff(upper) > 0)
-    assert np.all((mean > 0) & (mean < 1)) and np.all(np.diff(mean) >= 0)  # longer match, likelier
+    for table in (shipped._PRIOR_MEAN, shipped._PRIOR_MEAN_SAMPLED):
+        mean = np.array(table)
+        assert len(mean) == len(upper)
+        assert np.all((mean > 0) & (mean < 1)) and np.all(np.diff(mean) >= 0)  # longer match, likelier
+    # sampling never accepts a copy more often than greedy decoding does
+    assert np.all(np.array(shipped._PRIOR_MEAN_SAMPLED) <= np.array(shipped._PRIOR_MEAN))
     assert shipped._PRIOR_STRENGTH > 0
 
 
@@ -190,15 +195,20 @@ def test_cost_prior_slope_when_only_one_size_was_seen():
     assert [only_four.cost_ms(n) for n in (1, 2, 3, 4, 5, 10)] == pytest.approx([10, 20, 30, 40, 44, 64])
 
 
-def test_cost_ema_update():
-    cost = CostModel(max_batch=8, smoothing=0.2)
+def test_cost_windowed_median_update():
+    cost = CostModel(max_batch=8, window=3)
     cost.observe(4, 40.0)
     assert cost.cost_ms(4) == pytest.approx(40.0)  # first observation taken as is
-    cost.observe(4, 50.0)
-    assert cost.cost_ms(4) == pytest.approx(0.8 * 40 + 0.2 * 50)  # 42
-    cost.observe(4, 50.0)
-    assert cost.cost_ms(4) == pytest.approx(0.8 * 42 + 0.2 * 50)  # 43.6
+    cost.observe(4, 500.0)  # a spike (another process took the core)
+    assert cost.cost_ms(4) == pytest.approx(270.0)  # median of two = their mean
+    cost.observe(4, 42.0)
+    assert cost.cost_ms(4) == pytest.approx(42.0)  # median of 40, 500, 42: the spike is ignored
+    cost.observe(4, 44.0)  # window of 3: 500, 42, 44
+    cost.observe(4, 46.0)  # 42, 44, 46: the spike has left the window
+    assert cost.cost_ms(4) == pytest.approx(44.0)
     assert not cost.calibrated  # still one size
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        CostModel(window=0)
 
 
 @pytest.mark.parametrize(
