@@ -160,6 +160,15 @@ class Run:
     generated_tokens: int | None = None
     target_passes: int | None = None
     reused_prompt_tokens: int | None = None  # lookahead only: should be 0 (prefix cache cleared)
+    output_tokens: int | None = None  # tokens of the text, counted with the model's tokenizer
+
+    @property
+    def cost(self) -> float:
+        """What speedups compare: seconds, or at temperature > 0 seconds per output token,
+        since sampled outputs of different methods differ in length."""
+        if self.temperature > 0 and self.output_tokens:
+            return self.seconds / self.output_tokens
+        return self.seconds
 
 
 def speculation_summary(drafts: Sequence[tuple[int, int]] | None, generated_tokens: int | None = None,
@@ -210,7 +219,7 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
     """One row: one workload at one temperature, all its methods and repetitions.
 
     Per method: the seconds of each repetition, their median, the speedup over the method's
-    baseline (plain median / method median), at temperature 0 whether every repetition's text
+    baseline (plain median / method median; per output token above temperature 0), at temperature 0 whether every repetition's text
     equals the baseline's, and for drafting methods the pooled speculation figures.
     """
     first = runs[0]
@@ -218,10 +227,11 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
     for r in sorted(runs, key=lambda r: r.rep):
         by_method.setdefault(r.method, []).append(r)
     medians = {m: statistics.median(r.seconds for r in rs) for m, rs in by_method.items()}
+    costs = {m: statistics.median(r.cost for r in rs) for m, rs in by_method.items()}
     methods = {}
     for m, rs in by_method.items():
         base = baseline_of(m)
-        speedup = medians[base] / medians[m] if base in medians and medians[m] > 0 else None
+        speedup = costs[base] / costs[m] if base in costs and costs[m] > 0 else None
         identical = None
         if first.temperature == 0 and base in by_method and m != base:
             base_text = {r.rep: r.text for r in by_method[base]}
@@ -510,6 +520,7 @@ class LocalMethods:
         clear_prefix_cache(llm)
         text, seconds, ttft, gaps, last = timed_stream(lambda: call_engine(engine, workload, **kwargs))
         run = Run(workload["id"], workload["category"], temperature, -1, method, seconds, text, ttft, gaps)
+        run.output_tokens = len(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
         if method == LOOKAHEAD:
             stats = (last or {}).get("speculation") or {}
             run.drafts = list(self.recorder.drafts)
@@ -753,7 +764,9 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         "categories": list(categories), "limit": limit, "max_tokens_cap": max_tokens, "pld_tokens": pld_tokens,
         "llama_server": str(llama_server) if llama_server else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "prefix_cache": PREFIX_CACHE_POLICY, "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
+        "prefix_cache": PREFIX_CACHE_POLICY,
+        "speedup_basis": "median wall time at temperature 0; median seconds per output token above 0 "
+                         "(sampled outputs differ in length between methods)", "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
         "streamed": True, "order": "interleaved per workload, temperature and repetition; rotated every repetition",
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve else None),

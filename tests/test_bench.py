@@ -263,3 +263,17 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert overall["n"] == 2 and LOOKAHEAD in overall["speedup"] and overall["identical"][LOOKAHEAD]["of"] == 2
     assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sampled_speedups_compare_seconds_per_output_token():
+    from lookahead.cli.bench import Run, summarise_workload
+
+    # At t=0.7 lookahead wrote twice the tokens in 1.5x the time: per token it is faster.
+    runs = [Run("w", "edit", 0.7, 0, "plain", 2.0, "x", output_tokens=100),
+            Run("w", "edit", 0.7, 0, "lookahead", 3.0, "y", output_tokens=200)]
+    row = summarise_workload(runs)
+    assert row["methods"]["lookahead"]["speedup"] == pytest.approx((2.0 / 100) / (3.0 / 200), abs=1e-4)  # 1.333, rounded to 4 places
+    # At t=0 the outputs are the same request: wall time is compared as is.
+    runs = [Run("w", "edit", 0.0, 0, "plain", 2.0, "x", output_tokens=100),
+            Run("w", "edit", 0.0, 0, "lookahead", 3.0, "x", output_tokens=200)]
+    assert summarise_workload(runs)["methods"]["lookahead"]["speedup"] == pytest.approx(2.0 / 3.0, abs=1e-4)
