@@ -164,10 +164,11 @@ class Run:
 
     @property
     def cost(self) -> float:
-        """What speedups compare: seconds, or at temperature > 0 seconds per output token,
-        since sampled outputs of different methods differ in length."""
-        if self.temperature > 0 and self.output_tokens:
-            return self.seconds / self.output_tokens
+        """What speedups compare: seconds, or at temperature > 0 decode seconds per output
+        token after the first (prefill excluded), since sampled outputs of different methods
+        differ in length and a short one would be all prefill."""
+        if self.temperature > 0 and self.output_tokens and self.output_tokens > 1 and self.ttft_s is not None:
+            return (self.seconds - self.ttft_s) / (self.output_tokens - 1)  # decode only: prefill excluded
         return self.seconds
 
 
@@ -765,8 +766,8 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         "llama_server": str(llama_server) if llama_server else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "prefix_cache": PREFIX_CACHE_POLICY,
-        "speedup_basis": "median wall time at temperature 0; median seconds per output token above 0 "
-                         "(sampled outputs differ in length between methods)", "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
+        "speedup_basis": "median wall time at temperature 0; above 0, median decode seconds per output token "
+                         "after the first, prefill excluded (sampled outputs differ in length between methods)", "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
         "streamed": True, "order": "interleaved per workload, temperature and repetition; rotated every repetition",
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve else None),

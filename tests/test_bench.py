@@ -269,10 +269,11 @@ def test_sampled_speedups_compare_seconds_per_output_token():
     from lookahead.cli.bench import Run, summarise_workload
 
     # At t=0.7 lookahead wrote twice the tokens in 1.5x the time: per token it is faster.
-    runs = [Run("w", "edit", 0.7, 0, "plain", 2.0, "x", output_tokens=100),
-            Run("w", "edit", 0.7, 0, "lookahead", 3.0, "y", output_tokens=200)]
+    # Decode time per token after the first: (2.0 - 0.5) / 99 against (3.0 - 0.5) / 199.
+    runs = [Run("w", "edit", 0.7, 0, "plain", 2.0, "x", ttft_s=0.5, output_tokens=100),
+            Run("w", "edit", 0.7, 0, "lookahead", 3.0, "y", ttft_s=0.5, output_tokens=200)]
     row = summarise_workload(runs)
-    assert row["methods"]["lookahead"]["speedup"] == pytest.approx((2.0 / 100) / (3.0 / 200), abs=1e-4)  # 1.333, rounded to 4 places
+    assert row["methods"]["lookahead"]["speedup"] == pytest.approx((1.5 / 99) / (2.5 / 199), abs=1e-4)  # 1.206
     # At t=0 the outputs are the same request: wall time is compared as is.
     runs = [Run("w", "edit", 0.0, 0, "plain", 2.0, "x", output_tokens=100),
             Run("w", "edit", 0.0, 0, "lookahead", 3.0, "x", output_tokens=200)]
