@@ -348,3 +348,12 @@ def test_matches_llama_cpp_on_ties_up_to_which_tied_tokens(params):
     token_ids, probs = target_probs(logits, params)
     assert len(token_ids) == len(expected)
     assert sorted(probs) == pytest.approx(sorted(expected.values()), abs=1e-6)
+
+
+@pytest.mark.parametrize("scale, k", [(1.0, 40), (3.0, 40), (30.0, 5), (0.01, 40), (3.0, 1000)])
+def test_largest_fast_path_equals_a_stable_full_sort(scale, k):
+    from lookahead.sampling import _largest
+
+    rng = np.random.default_rng(int(scale * 100) + k)
+    logits = np.round(rng.standard_normal(49152) * scale, 1).astype(np.float32)  # many exact ties
+    assert _largest(logits, k).tolist() == np.argsort(-logits, kind="stable")[:k].tolist()
