@@ -42,7 +42,6 @@ class LlamaCppTarget:
         self._batch = lib.llama_batch_init(self.max_batch, 0, 1)
         self._vocab = llm._model.vocab
         self._pieces: dict[int, bytes] = {}
-        self.calibration_ms: dict[int, float] = {}
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -169,7 +168,7 @@ class LlamaCppTarget:
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
 
-    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> dict[int, float]:
+    def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
         """Time one decode of each size at the current position, then roll it back: {n: ms}.
 
         Call it with a real context in the KV cache: attention makes a decode at position
@@ -185,5 +184,4 @@ class LlamaCppTarget:
             self.decode(tokens, n)
             out[n] = 1000 * (time.perf_counter() - t0)
             self.rollback(base)
-        self.calibration_ms = out
         return out

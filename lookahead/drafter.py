@@ -134,13 +134,11 @@ class AcceptanceModel:
         return np.asarray(_PRIOR_MEAN_SAMPLED if self.sampled else _PRIOR_MEAN)
 
     def rate(self, from_reference: bool, match_length: int) -> float:
-        kind, b = int(from_reference), _bucket(match_length)
-        a0 = self._prior()[b] * _PRIOR_STRENGTH
-        b0 = (1 - self._prior()[b]) * _PRIOR_STRENGTH
-        return float((self.accepted[kind, b] + a0) / (self.accepted[kind, b] + self.rejected[kind, b] + a0 + b0))
+        """Posterior mean per-token acceptance for one match length."""
+        return float(self.rates(from_reference, np.array([match_length]))[0])
 
     def rates(self, from_reference: bool, match_lengths: np.ndarray) -> np.ndarray:
-        """`rate` for many match lengths at once (vectorised; one call per proposal)."""
+        """Posterior mean per-token acceptance for many match lengths (one call per proposal)."""
         kind = int(from_reference)
         a0 = self._prior() * _PRIOR_STRENGTH
         means = (self.accepted[kind] + a0) / (self.accepted[kind] + self.rejected[kind] + _PRIOR_STRENGTH)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .drafter import EMPTY_DRAFT, Drafter
 from .index import SuffixIndex
-from .sampling import SamplingParams, recent_window
+from .sampling import SamplingParams
 from .stats import SpeculationStats
 from .verify import Verdict, verify_draft
 
