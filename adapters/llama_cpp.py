@@ -7,13 +7,19 @@ It drives the context of an existing `llama_cpp.Llama` directly:
 * the KV cache is cut back with `llama_memory_seq_rm` after a rejection;
 * the Llama's own bookkeeping (`input_ids`, `n_tokens`) is kept true after each request, so
   plain `llm.create_completion` calls and lookahead calls on the same object can both reuse
-  the cached prompt prefix, as llama-cpp-python does between its own calls.
+  the cached prompt prefix, as llama-cpp-python does between its own calls;
+* the thread count of one-token decodes is measured, not assumed (see `tune`): llama-cpp-python
+  defaults to half the CPUs for them (right with SMT siblings, slow on a 2-vCPU machine
+  without them), and never more than the Llama's own `n_threads_batch` is tried. Thread
+  counts do not change llama.cpp's CPU results (checked bit for bit), only their speed. The
+  Llama's settings are restored after each request.
 """
 from __future__ import annotations
 
 import ctypes
 import time
-from typing import TYPE_CHECKING, Sequence
+import weakref
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -27,10 +33,28 @@ def _lib():
     return llama_cpp
 
 
-class LlamaCppTarget:
-    """A `lookahead.engine.Target` over a `llama_cpp.Llama`."""
+# Thread count chosen for one-token decodes, per Llama (measured once, in its first request).
+_TUNED_THREADS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
-    def __init__(self, llm: "llama_cpp.Llama", max_batch: int | None = None):
+
+def tuned_threads(llm: Any) -> int | None:
+    """The one-token decode thread count lookahead measured for `llm`, or None if not yet."""
+    return _TUNED_THREADS.get(llm)
+
+
+class LlamaCppTarget:
+    """A `lookahead.engine.Target` over a `llama_cpp.Llama`.
+
+    `threads`: threads for one-token decodes. "auto" (default) measures the Llama's own
+    `n_threads` against its `n_threads_batch` once, at a real context position, and keeps the
+    faster; "keep" leaves the Llama's setting; an int uses that many. Batched decodes (prefill,
+    drafts) always run with the Llama's `n_threads_batch`.
+    """
+
+    def __init__(self, llm: "llama_cpp.Llama", max_batch: int | None = None, threads: int | str = "auto"):
+        if not (threads in ("auto", "keep") or (isinstance(threads, int) and not isinstance(threads, bool)
+                                                and threads >= 1)):
+            raise ValueError(f"threads must be 'auto', 'keep' or a positive integer, got {threads!r}")
         lib = _lib()
         self.llm = llm
         self._lib = lib
@@ -42,6 +66,8 @@ class LlamaCppTarget:
         self._batch = lib.llama_batch_init(self.max_batch, 0, 1)
         self._vocab = llm._model.vocab
         self._pieces: dict[int, bytes] = {}
+        self.threads = threads
+        self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -92,6 +118,8 @@ class LlamaCppTarget:
         """
         llm = self.llm
         prompt = list(prompt)
+        self._llama_threads = (int(self._lib.llama_n_threads(self._ctx)), int(self._lib.llama_n_threads_batch(self._ctx)))
+        self._set_decode_threads(self._chosen_threads())
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
         keep = 0
         for a, b in zip(cached, prompt[:-1]):  # always decode the last prompt token again
@@ -128,6 +156,9 @@ class LlamaCppTarget:
         self.n_past = n_keep
 
     def end(self, kv_tokens: Sequence[int]) -> None:
+        if self._llama_threads is not None:  # give the Llama back its own thread settings
+            self._lib.llama_set_n_threads(self._ctx, *self._llama_threads)
+            self._llama_threads = None
         if getattr(self, "n_past", None) is None:
             return
         if self.n_past != len(kv_tokens):  # interrupted between decode and rollback
@@ -167,6 +198,54 @@ class LlamaCppTarget:
         rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
+
+    # ---- threads -------------------------------------------------------------------
+    @property
+    def decode_threads(self) -> int:
+        """Threads of one-token decodes right now."""
+        return int(self._lib.llama_n_threads(self._ctx))
+
+    def _chosen_threads(self) -> int | None:
+        if self.threads == "keep":
+            return None
+        if self.threads == "auto":
+            return _TUNED_THREADS.get(self.llm)
+        return int(self.threads)
+
+    def _set_decode_threads(self, n: int | None) -> None:
+        if n is not None and self._llama_threads is not None and n != self.decode_threads:
+            self._lib.llama_set_n_threads(self._ctx, n, self._llama_threads[1])
+
+    def tune(self, reps: int = 5) -> dict[int, float]:
+        """Choose the thread count of one-token decodes by timing them: {threads: median ms}.
+
+        Only with threads="auto", once per Llama, inside a request (after its prompt, where the
+        attention cost is that of real work). Candidates: the Llama's `n_threads` and
+        `n_threads_batch`, timed alternately `reps` times each on a dummy token that is rolled
+        back. The Llama's own count is kept unless another is at least 3% faster.
+        """
+        if self.threads != "auto" or self.llm in _TUNED_THREADS or self._llama_threads is None:
+            return {}
+        own, batch = self._llama_threads
+        candidates = sorted({own, batch})
+        if len(candidates) == 1 or self.n_past + 1 > self.n_ctx:
+            _TUNED_THREADS[self.llm] = own
+            return {}
+        base = self.n_past
+        times: dict[int, list[float]] = {n: [] for n in candidates}
+        for _ in range(reps):
+            for n in candidates:
+                self._lib.llama_set_n_threads(self._ctx, n, batch)
+                t0 = time.perf_counter()
+                self.decode([97 % self.n_vocab], 1)
+                times[n].append(1000 * (time.perf_counter() - t0))
+                self.rollback(base)
+        medians = {n: float(np.median(v)) for n, v in times.items()}
+        best = min(medians, key=medians.get)
+        chosen = best if medians[best] < 0.97 * medians[own] else own
+        _TUNED_THREADS[self.llm] = chosen
+        self._lib.llama_set_n_threads(self._ctx, chosen, batch)
+        return medians
 
     def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
         """Time one decode of each size at the current position, then roll it back: {n: ms}.

@@ -9,6 +9,10 @@ method pays its whole prompt prefill: no method profits from a prefix another on
 Methods:
 * plain          the Llama's own create_chat_completion / create_completion;
 * lookahead      `lookahead.wrap(llm)` with the same call;
+* no-draft       `lookahead.wrap(llm, max_draft=0)`: the same engine and decode threads, never
+                 drafting, so the table shows how much of lookahead's speedup is speculation
+                 (the rest is the one-token decode thread count it measures; see
+                 `lookahead.adapters.llama_cpp`);
 * prompt-lookup  llama-cpp-python's built-in LlamaPromptLookupDecoding (a second Llama built
                  with `draft_model=`; same model file, n_ctx and threads);
 * server-*       with --llama-server PATH: llama.cpp's server, plain and with its n-gram
@@ -44,8 +48,10 @@ import click
 
 PLAIN = "plain"
 LOOKAHEAD = "lookahead"
+NO_DRAFT = "no-draft"
 PROMPT_LOOKUP = "prompt-lookup"
-LOCAL_METHODS = (PLAIN, LOOKAHEAD, PROMPT_LOOKUP)
+LOCAL_METHODS = (PLAIN, LOOKAHEAD, NO_DRAFT, PROMPT_LOOKUP)
+DEFAULT_METHODS = (PLAIN, LOOKAHEAD, PROMPT_LOOKUP)
 SERVER_PLAIN = "server-plain"
 SERVER_SPEC_TYPES = ("ngram-simple", "ngram-mod")  # llama-server --spec-type values
 SERVER_METHODS = (SERVER_PLAIN, *(f"server-{s}" for s in SERVER_SPEC_TYPES))
@@ -482,16 +488,18 @@ def call_engine(engine, workload: dict, **kwargs) -> Iterator[dict]:
 class LocalMethods:
     """plain, lookahead and prompt-lookup on one model file, ready to run a workload."""
 
-    def __init__(self, model_path: Path, n_ctx: int, threads: int, gpu_layers: int, methods: Sequence[str],
-                 pld_tokens: int):
+    def __init__(self, model_path: Path, n_ctx: int, threads: int | None, gpu_layers: int,
+                 methods: Sequence[str], pld_tokens: int):
         import llama_cpp
 
         import lookahead
 
-        settings = dict(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers,
-                        verbose=False)
+        settings = dict(model_path=str(model_path), n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=False)
+        if threads is not None:  # else llama-cpp-python's defaults, as most callers leave them
+            settings.update(n_threads=threads, n_threads_batch=threads)
         self.llm = llama_cpp.Llama(**settings)
         self.fast = lookahead.wrap(self.llm) if LOOKAHEAD in methods else None
+        self.no_draft = lookahead.wrap(self.llm, max_draft=0) if NO_DRAFT in methods else None
         self.recorder = DraftRecorder()
         if self.fast is not None:
             self.fast.observer = self.recorder
@@ -503,6 +511,12 @@ class LocalMethods:
             # logits_all=True), which breaks once a prompt is longer than n_batch.
             self.pld = llama_cpp.Llama(**settings, draft_model=self.pld_drafter, logits_all=True)
 
+    def decode_threads(self) -> int | None:
+        """The one-token decode threads lookahead chose for this Llama (None if it never ran)."""
+        from lookahead.adapters.llama_cpp import tuned_threads
+
+        return tuned_threads(self.llm)
+
     def cost_curve_ms(self):
         return self.fast.cost.curve() if self.fast is not None else None
 
@@ -513,6 +527,8 @@ class LocalMethods:
         elif method == LOOKAHEAD:
             llm, engine = self.llm, self.fast
             self.recorder.drafts = []
+        elif method == NO_DRAFT:
+            llm, engine = self.llm, self.no_draft
         elif method == PROMPT_LOOKUP:
             llm, engine = self.pld, self.pld
             self.pld_drafter.calls = []
@@ -684,7 +700,7 @@ def plot(path: Path, summaries: Sequence[dict], runs: Sequence[Run]) -> None:
 @click.option("--category", "categories", multiple=True, help="Only this category (repeatable).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Cap every workload's max_tokens at this (for quick runs).")
-@click.option("--methods", type=click.Choice(LOCAL_METHODS), multiple=True, default=LOCAL_METHODS,
+@click.option("--methods", type=click.Choice(LOCAL_METHODS), multiple=True, default=DEFAULT_METHODS,
               show_default=True, help="Methods to run (repeatable).")
 @click.option("--pld-tokens", type=click.IntRange(min=1), default=10, show_default=True,
               help="Draft length of llama-cpp-python's LlamaPromptLookupDecoding (num_pred_tokens).")
@@ -698,7 +714,9 @@ def plot(path: Path, summaries: Sequence[dict], runs: Sequence[Run]) -> None:
               help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1.")
 @click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
               help="Context window in tokens (prompt + output).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for llama.cpp. Default: all cores.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for llama.cpp (one-token and batch decodes). Default: llama-cpp-python's "
+                   "own defaults (n_threads = half the CPUs, n_threads_batch = all), as most callers leave them.")
 @click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
               help="Layers to offload to a GPU build of llama.cpp (-1: all).")
 def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, methods, pld_tokens, llama_server,
@@ -729,13 +747,13 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         path = check_gguf(model_path) if model_path is not None else default_model_path()
     except ModelError as e:
         raise click.BadParameter(str(e), param_hint="--model") from None
-    threads = threads or os.cpu_count() or 1
     log = lambda message: click.echo(message, err=True)
     if llama_server is None:
         log("llama-server modes skipped (give --llama-server PATH to time llama.cpp's own n-gram speculation)")
 
     with ExitStack() as stack:
-        log(f"loading {path.name} (n_ctx {n_ctx}, {threads} threads) for: {', '.join(methods)}")
+        log(f"loading {path.name} (n_ctx {n_ctx}, threads {threads or 'llama-cpp-python default'}) for: "
+            f"{', '.join(methods)}")
         try:
             local = LocalMethods(path, n_ctx, threads, gpu_layers, methods, pld_tokens)
         except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
@@ -743,7 +761,7 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         runners: dict[str, Callable[..., Run]] = {m: local.run for m in methods}
         if llama_server is not None:
             for spec_type, method in zip((None, *SERVER_SPEC_TYPES), SERVER_METHODS):
-                server = LlamaServer(llama_server, path, n_ctx, threads, gpu_layers, spec_type)
+                server = LlamaServer(llama_server, path, n_ctx, threads or os.cpu_count() or 1, gpu_layers, spec_type)
                 stack.callback(server.close)
                 server.wait_ready()
                 runners[method] = server.run
@@ -756,11 +774,13 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
             sys.exit(EXIT_INTERRUPTED)
         curve = local.cost_curve_ms()
         curve = None if curve is None else [float(v) for v in curve]
+        llama_threads = {"n_threads": local.llm.n_threads, "n_threads_batch": local.llm.n_threads_batch,
+                         "lookahead_decode_threads": local.decode_threads()}
 
     rows, summaries = summarise(runs, curve)
     reused = [r.reused_prompt_tokens for r in runs if r.reused_prompt_tokens]
     config = {
-        "workloads_file": str(workloads_file), "model": str(path), "n_ctx": n_ctx, "threads": threads,
+        "workloads_file": str(workloads_file), "model": str(path), "n_ctx": n_ctx, "threads": llama_threads,
         "gpu_layers": gpu_layers, "reps": reps, "temperatures": temperatures, "methods": order,
         "categories": list(categories), "limit": limit, "max_tokens_cap": max_tokens, "pld_tokens": pld_tokens,
         "llama_server": str(llama_server) if llama_server else None,
@@ -782,7 +802,8 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
     if as_json:
         click.echo(json.dumps({"config": config, "workloads": rows, "summary": summaries}, ensure_ascii=False))
         return
-    click.echo(f"{path.name}, n_ctx {n_ctx}, {threads} threads, {reps} reps, {len(workloads)} workloads; "
+    click.echo(f"{path.name}, n_ctx {n_ctx}, threads {llama_threads['n_threads']}/{llama_threads['n_threads_batch']} "
+               f"(one-token/batch; lookahead's one-token: {llama_threads['lookahead_decode_threads']}), {reps} reps, {len(workloads)} workloads; "
                f"prefix cache {PREFIX_CACHE_POLICY}")
     click.echo("speedup × = geometric mean over workloads of plain median / method median"
                + (" (server modes: over server-plain)" if llama_server else "")

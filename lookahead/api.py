@@ -63,16 +63,23 @@ class Lookahead:
     """Exact prompt-lookup speculative decoding around an existing `llama_cpp.Llama`.
 
     Repeated calls are independent requests: the acceptance history starts afresh each
-    time; only the measured cost curve of the machine and the KV prefix cache are kept.
+    time; only the measured cost curve of the machine, the chosen decode thread count and
+    the KV prefix cache are kept.
+
+    `threads`: threads of one-token decodes. "auto" times the Llama's `n_threads` against its
+    `n_threads_batch` once and keeps the faster (on this 2-core machine llama-cpp-python's
+    default of 1 thread is ~1.3x slower than 2); "keep" uses the Llama's own; an int that
+    many. Outputs do not depend on it; the Llama's settings are restored after each request.
     """
 
-    def __init__(self, llm: Any, speculate: bool = True, max_draft: int = 64, calibrate: bool = True):
+    def __init__(self, llm: Any, speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
+                 threads: int | str = "auto"):
         from lookahead.adapters.llama_cpp import LlamaCppTarget
 
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
         self.llm = llm
-        self.target = LlamaCppTarget(llm)
+        self.target = LlamaCppTarget(llm, threads=threads)
         self.speculate = bool(speculate)
         self.max_draft = int(max_draft)
         # The cost curve belongs to the machine and model, not to one wrapper: share it
@@ -364,9 +371,13 @@ class _CompletionProxy:
     __call__ = create_completion
 
 
-def wrap(llm: Any, speculate: bool = True, max_draft: int = 64, calibrate: bool = True) -> Lookahead:
-    """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding."""
-    return Lookahead(llm, speculate=speculate, max_draft=max_draft, calibrate=calibrate)
+def wrap(llm: Any, speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
+         threads: int | str = "auto") -> Lookahead:
+    """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding.
+
+    See `Lookahead` for `threads` (one-token decode threads: "auto", "keep" or a count).
+    """
+    return Lookahead(llm, speculate=speculate, max_draft=max_draft, calibrate=calibrate, threads=threads)
 
 
 def load(

@@ -46,6 +46,9 @@ class Target(Protocol):
     def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
         """Time one decode of each size at the current position, then remove it: {n: ms}."""
 
+    # Optional: `tune()`, called once after the first step of every request (the backend's
+    # own one-off measurements, e.g. llama.cpp's thread count), and `decode_threads`.
+
 
 def generate_tokens(
     target: Target,
@@ -83,6 +86,7 @@ def generate_tokens(
         # Tokens to decode in the next pass before the draft: the prompt's last chunk first
         # (so the first pass can already verify a draft), then always the newest token.
         pending = [int(t) for t in prompt[n_prefilled:]]
+        first_step = True
         while len(generated) < max_new_tokens:
             t0 = time.perf_counter()
             room = min(
@@ -112,6 +116,14 @@ def generate_tokens(
             stats.sample_ms += 1000 * (t3 - t2)
             index.extend(verdict.tokens)
             pending = [verdict.tokens[-1]]
+            if first_step:
+                first_step = False
+                tune = getattr(target, "tune", None)
+                if tune is not None:  # backend settings measured once (llama.cpp: decode threads)
+                    t_cal = time.perf_counter()
+                    tune()
+                    stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
+                stats.decode_threads = getattr(target, "decode_threads", None)
             if drafter is not None and drafter.cost.needs_calibration:
                 # Time decodes of each size once, here: after the prompt, where the attention
                 # cost is that of real requests (a decode of n tokens at position 0 is much
@@ -120,7 +132,7 @@ def generate_tokens(
                 t_cal = time.perf_counter()
                 for n_tokens, ms in target.calibrate(drafter.cost.calibration_sizes).items():
                     drafter.cost.observe(n_tokens, ms)
-                stats.calibration_ms = 1000 * (time.perf_counter() - t_cal)
+                stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
             for token in verdict.tokens:
                 if len(generated) >= max_new_tokens:
                     break

@@ -19,7 +19,8 @@ class SpeculationStats:
     propose_ms: float = 0.0  # index queries + drafting decisions
     verify_ms: float = 0.0  # target decodes of [last token + draft]
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
-    calibration_ms: float = 0.0  # one-off timing of the verify-cost curve (first request only)
+    calibration_ms: float = 0.0  # one-off timings: decode threads, verify-cost curve (first request)
+    decode_threads: int | None = None  # threads of one-token decodes (llama.cpp), measured once
     total_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
 

@@ -247,7 +247,7 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert set(result) == {"config", "workloads", "summary"}
     config = result["config"]
     assert config["reps"] == 1 and config["n_ctx"] == 1024 and config["methods"] == [PLAIN, LOOKAHEAD]
-    assert config["model"].endswith(".gguf") and config["threads"] >= 1 and config["date"]
+    assert config["model"].endswith(".gguf") and config["threads"]["n_threads"] >= 1 and config["date"]
     assert config["max_tokens_cap"] == 16 and "prefill" in config["prefix_cache"]
     assert [row["id"] for row in result["workloads"]] == ["copy-chat", "raw-prompt"]
     for row in result["workloads"]:

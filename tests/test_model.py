@@ -269,3 +269,44 @@ def test_unsupported_arguments_fall_back_to_plain(fresh):
     out = fast.create_completion("Hello", max_tokens=4, temperature=0, logit_bias={0: -1.0})
     assert "logit_bias" in out["speculation"]["fallback"]
     assert out["object"] == "text_completion"
+
+
+@pytest.fixture(scope="module")
+def one_thread_llm(model_path):
+    """A Llama with llama-cpp-python's default split on 2 CPUs: 1 thread alone, 2 for batches."""
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_threads=1, n_threads_batch=2, verbose=False)
+
+
+def _llama_threads(llm) -> tuple[int, int]:
+    import llama_cpp
+
+    return int(llama_cpp.llama_n_threads(llm._ctx.ctx)), int(llama_cpp.llama_n_threads_batch(llm._ctx.ctx))
+
+
+def test_decode_threads_are_measured_restored_and_do_not_change_output(one_thread_llm):
+    """threads="auto" picks 1 or 2 by timing, gives the Llama its settings back, same text."""
+    from lookahead.adapters.llama_cpp import tuned_threads
+
+    llm = one_thread_llm
+    reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
+    auto = lookahead.wrap(llm)
+    out = auto.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
+    chosen = tuned_threads(llm)
+    print(f"\none-token decode threads chosen: {chosen}; calibration {out['speculation']['calibration_ms']:.0f} ms")
+    assert chosen in (1, 2) and out["speculation"]["decode_threads"] == chosen
+    assert _llama_threads(llm) == (1, 2)  # restored
+    assert out["choices"][0]["text"] == reference  # thread counts do not change llama.cpp's CPU logits
+    forced = lookahead.wrap(llm, threads=2).create_completion(RAG_PROMPT, max_tokens=40, temperature=0,
+                                                                speculate=False)
+    assert forced["speculation"]["decode_threads"] == 2 and forced["choices"][0]["text"] == reference
+    kept = lookahead.wrap(llm, threads="keep").create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
+    assert kept["speculation"]["decode_threads"] == 1
+    assert _llama_threads(llm) == (1, 2)
+
+
+@pytest.mark.parametrize("threads", [0, -1, "fast", 1.5, True])
+def test_bad_thread_setting_is_a_clear_error(fresh, threads):
+    with pytest.raises(ValueError, match="threads must be"):
+        lookahead.wrap(fresh, threads=threads)
