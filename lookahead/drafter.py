@@ -238,7 +238,7 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int) -> tuple[list
     Returns the tokens and, for each, the fraction of the occurrences still followed that
     agree on it (1.0 where they all agree). Ties go to the preferred (most recent) occurrence.
     """
-    conts = [index.continuation(pos, depth) for pos in match.positions]
+    conts = [index.continuation(pos, depth, cyclic=True) for pos in match.positions]
     if len(conts) == 1:
         return conts[0].tolist(), np.ones(len(conts[0]))
     width = max(len(c) for c in conts)

@@ -226,12 +226,21 @@ class SuffixIndex:
                 return Match(best_len, tuple(best))
         return None
 
-    def continuation(self, position: tuple[int, int], max_tokens: int) -> np.ndarray:
-        """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end)."""
+    def continuation(self, position: tuple[int, int], max_tokens: int, cyclic: bool = False) -> np.ndarray:
+        """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end).
+
+        `cyclic`: an occurrence in the running context whose continuation runs into the
+        context's end predicts its own future: the text from `p` to the end repeats (period
+        end - p), as in a list or table that keeps its pattern, or a model stuck in a loop.
+        """
         sid, p = position
         src = self._sources[sid]
-        end = min(src.size, p + max(0, max_tokens))
-        return src.tokens[p:end].copy()
+        want = max(0, max_tokens)
+        end = min(src.size, p + want)
+        out = src.tokens[p:end].copy()
+        if cyclic and sid == CONTEXT and end == src.size and len(out) < want and len(out) > 0:
+            out = np.resize(out, want)  # repeats the period
+        return out
 
     def continuation_trie(self, match: Match, depth: int) -> list[Branch]:
         """Merge the continuations of every occurrence in `match` into a counted trie.

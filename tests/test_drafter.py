@@ -288,8 +288,8 @@ def test_follow_majority_single_occurrence_agrees_fully():
     index = SuffixIndex()
     index.extend([1, 2, 3, 4, 1, 2])
     tokens, agreement = _follow_majority(index, index.query(), depth=5)
-    assert tokens == [3, 4, 1, 2]
-    assert agreement.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert tokens == [3, 4, 1, 2, 3]  # runs into the context's end: the period 3 4 1 2 repeats
+    assert agreement.tolist() == [1.0] * 5
 
 
 def test_follow_majority_tie_goes_to_most_recent():
@@ -362,11 +362,12 @@ def repeat_index():
     return index
 
 
-@pytest.mark.parametrize("limit, n_tokens", [(1, 1), (3, 3), (16, 16), (40, 40), (100, 40)])
+@pytest.mark.parametrize("limit, n_tokens", [(1, 1), (3, 3), (16, 16), (40, 40), (100, 64)])
 def test_propose_flat_curve_drafts_the_continuation(limit, n_tokens):
     drafter = Drafter(linear_cost(10.0, 0.0))  # constant cost: any extra token is free
     draft = drafter.propose(repeat_index(), limit)
-    continuation = SEQ[10:] + SEQ[:10]  # up to the end of the context: 40 tokens
+    # 40 tokens up to the end of the context, then the same period again; max_draft 64
+    continuation = (SEQ[10:] + SEQ[:10]) * 2
     assert draft.tokens == continuation[:n_tokens]
     assert draft.match_length == 10 and not draft.from_reference
 
@@ -412,7 +413,7 @@ def test_propose_steep_curve_short_match_no_history_drafts_nothing():
     # prior 0.30 for the first token: E(1) / t(2) = 1.3 / 21 = 0.062 < 1 / 11 = 0.091
     assert len(Drafter(steep_cost()).propose(index, 8)) == 0
     # the same evidence on a free curve does draft (so the zero above is the curve's doing)
-    assert Drafter(linear_cost(10.0, 0.0)).propose(index, 8).tokens == [7, 1, 2]
+    assert Drafter(linear_cost(10.0, 0.0)).propose(index, 8).tokens == [7, 1, 2, 7, 1, 2, 7, 1]
 
 
 def test_propose_from_a_reference():
@@ -456,7 +457,7 @@ def test_record_moves_drafts_both_ways_on_a_gpu_curve():
 
     trusted = Drafter(linear_cost(10.05, 0.05))
     full_accepts(trusted, 10)
-    assert propose_len(trusted) == 40  # everything available
+    assert propose_len(trusted) == 64  # everything available (the period repeats past 40)
 
     burned = Drafter(linear_cost(10.05, 0.05))
     for _ in range(5):  # first token rejected every time: one rejection each at length 10

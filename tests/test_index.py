@@ -115,6 +115,16 @@ def test_continuation_stops_at_source_end_and_clamps_counts():
     assert index.continuation((1, 3), 5).tolist() == []
 
 
+def test_cyclic_continuation_repeats_the_period_of_the_context_only():
+    index = build([1, 2, 3, 4, 1, 2], [[9, 8, 7]])
+    # the occurrence ending at 2 continues 3 4 1 2 up to the end, then that period again
+    assert index.continuation((0, 2), 10, cyclic=True).tolist() == [3, 4, 1, 2, 3, 4, 1, 2, 3, 4]
+    assert index.continuation((0, 4), 5, cyclic=True).tolist() == [1, 2, 1, 2, 1]
+    assert index.continuation((0, 2), 3, cyclic=True).tolist() == [3, 4, 1]  # not at the end: unchanged
+    assert index.continuation((0, 6), 4, cyclic=True).tolist() == []  # nothing follows the end itself
+    assert index.continuation((1, 1), 5, cyclic=True).tolist() == [8, 7]  # references are not cyclic
+
+
 def test_continuation_is_a_copy():
     index = build([1, 2, 3, 1, 2])
     cont = index.continuation((0, 2), 3)
