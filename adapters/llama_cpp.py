@@ -33,8 +33,32 @@ def _lib():
     return llama_cpp
 
 
+MAX_TREE_WIDTH = 8  # branches of one tree draft, at most (= sequence ids used)
+
 # Thread count chosen for one-token decodes, per Llama (measured once, in its first request).
 _TUNED_THREADS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def enable_tree_drafts(llm: "llama_cpp.Llama", width: int = 4) -> "llama_cpp.Llama":
+    """Give `llm` a context with `width` sequences over one unified KV cache, for tree drafts.
+
+    llama-cpp-python builds its context with a single sequence, so one decode cannot hold
+    several branches. This replaces the context (same parameters otherwise; the KV cache
+    starts empty) and returns the Llama. Call it before `lookahead.wrap(llm)`. Plain calls
+    keep working: they use sequence 0, like before.
+    """
+    from llama_cpp import _internals
+
+    if not 2 <= width <= MAX_TREE_WIDTH:
+        raise ValueError(f"width must be in 2..{MAX_TREE_WIDTH}, got {width}")
+    params = llm.context_params
+    params.n_seq_max = int(width)
+    params.kv_unified = True
+    old = llm._ctx
+    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)
+    old.close()
+    llm.n_tokens = 0
+    return llm
 
 
 def tuned_threads(llm: Any) -> int | None:
@@ -58,14 +82,20 @@ class LlamaCppTarget:
         lib = _lib()
         self.llm = llm
         self._lib = lib
+        self._context = llm._ctx  # the LlamaContext wrapped; enable_tree_drafts replaces it
         self._ctx = llm._ctx.ctx
         self._memory = lib.llama_get_memory(self._ctx)
         self.n_ctx = int(llm.n_ctx())
         self.n_vocab = int(llm.n_vocab())
         self.max_batch = int(max_batch or llm.n_batch)
-        self._batch = lib.llama_batch_init(self.max_batch, 0, 1)
+        # Tree drafts need several sequences over one shared (unified) KV cache; a Llama made
+        # by llama-cpp-python has one sequence unless built with `enable_tree_drafts`.
+        unified = bool(getattr(llm.context_params, "kv_unified", False))
+        self.tree_width = min(int(lib.llama_n_seq_max(self._ctx)), MAX_TREE_WIDTH) if unified else 1
+        self._batch = lib.llama_batch_init(self.max_batch, 0, max(1, self.tree_width))
         self._vocab = llm._model.vocab
         self._pieces: dict[int, bytes] = {}
+        self._tree = None  # (base position, leaves, sequence ids per node) between decode_tree and keep_path
         self.threads = threads
         self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
 
@@ -117,8 +147,12 @@ class LlamaCppTarget:
         Returns (reused entries, prompt tokens in the KV cache).
         """
         llm = self.llm
+        if llm._ctx is not self._context:
+            raise RuntimeError("the Llama's context was replaced after lookahead wrapped it "
+                               "(enable_tree_drafts after wrap?): wrap the Llama again")
         prompt = list(prompt)
-        self._llama_threads = (int(self._lib.llama_n_threads(self._ctx)), int(self._lib.llama_n_threads_batch(self._ctx)))
+        # The Llama's own settings (what its constructor set), restored by `end`.
+        self._llama_threads = (int(llm.n_threads), int(llm.n_threads_batch))
         self._set_decode_threads(self._chosen_threads())
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
         keep = 0
@@ -126,6 +160,8 @@ class LlamaCppTarget:
             if a != b:
                 break
             keep += 1
+        for seq in range(1, self.tree_width):  # branches of an interrupted tree draft
+            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
         # seq -1: every sequence; nothing of another request survives past `keep`.
         if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             self._lib.llama_memory_clear(self._memory, True)
@@ -151,6 +187,70 @@ class LlamaCppTarget:
         ptr = self._lib.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))  # [n_logits, n_vocab], a view
 
+    def decode_tree(self, root: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Decode the root (the newest token) and a tree of draft nodes in one batch.
+
+        Each leaf's path gets a sequence id of its own (the history is shared into it with
+        `llama_memory_seq_cp`, which in a unified cache only tags cells), so a node attends
+        to the history, the root and its own ancestors only. Row 0 of the result follows
+        the root, row j + 1 node j. Call `keep_path` next.
+        """
+        n = len(tokens)
+        depth = [0] * n
+        has_child = [False] * n
+        for j, p in enumerate(parents):
+            if not -1 <= p < j:
+                raise ValueError(f"parents[{j}] must be in [-1, {j}), got {p}")
+            depth[j] = 1 if p < 0 else depth[p] + 1
+            if p >= 0:
+                has_child[p] = True
+        leaves = [j for j in range(n) if not has_child[j]]
+        if len(leaves) > self.tree_width:
+            raise ValueError(f"a tree of {len(leaves)} branches exceeds the {self.tree_width} sequences available")
+        if self.n_past + n + 1 > self.n_ctx:
+            raise ValueError(f"tree of {n} nodes at position {self.n_past} overflows the context of {self.n_ctx}")
+        if n + 1 > self.max_batch:
+            raise ValueError(f"batch of {n + 1} tokens: must be 1..{self.max_batch}")
+        seqs: list[list[int]] = [[] for _ in range(n)]  # sequence ids of each node: its leaves'
+        for s, leaf in enumerate(leaves):
+            j = leaf
+            while j >= 0:
+                seqs[j].append(s)
+                j = parents[j]
+        for s in range(1, len(leaves)):  # the history belongs to every branch
+            self._lib.llama_memory_seq_cp(self._memory, 0, s, -1, -1)
+        batch = self._batch
+        batch.n_tokens = n + 1
+        base = self.n_past
+        entries = [(root, base, range(len(leaves)))]
+        entries += [(tokens[j], base + depth[j], seqs[j]) for j in range(n)]
+        for i, (tok, pos, ids) in enumerate(entries):
+            batch.token[i] = tok
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = len(ids)
+            for k, seq in enumerate(ids):
+                batch.seq_id[i][k] = seq
+            batch.logits[i] = True
+        self._tree = (base, leaves, seqs)
+        self._decode()
+        ptr = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n + 1, self.n_vocab))
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After `decode_tree`: keep the root and the accepted nodes `path`, all in sequence 0."""
+        base, leaves, seqs = self._tree
+        self._tree = None
+        mem, lib = self._memory, self._lib
+        end = base + 1 + len(path)
+        winner = seqs[path[-1]][0] if path else 0  # a branch through the last accepted node
+        if winner != 0:
+            lib.llama_memory_seq_rm(mem, 0, base + 1, -1)  # sequence 0's own branch
+            lib.llama_memory_seq_cp(mem, winner, 0, base + 1, end)
+        lib.llama_memory_seq_rm(mem, 0, end, -1)
+        for s in range(1, len(leaves)):  # untag the history, free the other branches' cells
+            lib.llama_memory_seq_rm(mem, s, -1, -1)
+        self.n_past = end
+
     def rollback(self, n_keep: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, -1, n_keep, -1)
         self.n_past = n_keep
@@ -161,6 +261,11 @@ class LlamaCppTarget:
             self._llama_threads = None
         if getattr(self, "n_past", None) is None:
             return
+        if self._tree is not None:  # interrupted between decode_tree and keep_path
+            self._tree = None
+            for seq in range(1, self.tree_width):
+                self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            self.rollback(min(self.n_past, len(kv_tokens)))
         if self.n_past != len(kv_tokens):  # interrupted between decode and rollback
             self.rollback(min(self.n_past, len(kv_tokens)))
             kv_tokens = list(kv_tokens)[: self.n_past]

@@ -27,6 +27,10 @@ def _model_options(f):
                          help="CPU threads for llama.cpp. Default: all cores."),
         click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
                          help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
+        click.option("--tree-width", type=click.IntRange(1, 8), default=1, show_default=True,
+                         help="Branches one decode may verify where earlier occurrences continue "
+                              "differently (llama.cpp sequence ids). The cost model uses them only "
+                              "when a wider batch pays: rarely on a CPU, more on a GPU."),
     ]
     for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
         f = option(f)
@@ -61,7 +65,8 @@ def _sampling_options(f):
     return f
 
 
-def _load(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: int, max_draft: int, speculate: bool):
+def _load(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: int, max_draft: int, speculate: bool,
+          tree_width: int = 1):
     import lookahead
 
     try:
@@ -71,7 +76,7 @@ def _load(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: 
     threads = threads or os.cpu_count() or 1
     try:
         return lookahead.load(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers,
-                              speculate=speculate, max_draft=max_draft)
+                              speculate=speculate, max_draft=max_draft, tree_width=tree_width)
     except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
         raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
 
@@ -162,7 +167,7 @@ def main() -> None:
 @_model_options
 def generate(prompt, prompt_file, mode, system, references, temperature, top_k, top_p, min_p, repeat_penalty,
              seed, max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads,
-             gpu_layers):
+             gpu_layers, tree_width):
     """Generate text from PROMPT (an argument, --file FILE, or - / nothing for stdin).
 
     The text streams to stdout as it is produced; --json prints one object at the end.
@@ -178,7 +183,7 @@ def generate(prompt, prompt_file, mode, system, references, temperature, top_k, 
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
     ref_texts = [read_text_file(p) for p in references]
-    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate)
+    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate, tree_width)
     if mode == "auto":
         mode = "chat" if fast.llm.metadata.get("tokenizer.chat_template") else "raw"
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
@@ -260,7 +265,8 @@ def strip_fences(text: str) -> str:
 @_sampling_options
 @_model_options
 def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_p, repeat_penalty, seed,
-            max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads, gpu_layers):
+            max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads, gpu_layers,
+            tree_width):
     """Rewrite FILE following --instruction, with FILE registered as the reference to copy from.
 
     The result streams to stdout, or goes to --output / --in-place. A file being written is
@@ -273,7 +279,7 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
         raise click.BadParameter("the instruction is empty", param_hint="--instruction")
     text = read_text_file(file)
     destination = file if in_place else output
-    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate)
+    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate, tree_width)
     messages = build_rewrite_messages(text, instruction, file.name)
     n_doc = len(fast.target.tokenize(text, add_bos=False, special=False))
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)

@@ -246,7 +246,8 @@ class Lookahead:
                 index.add_reference(ref)
         drafter = None
         if spec and self.max_draft > 0:
-            drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy)
+            drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy,
+                              tree_width=self.target.tree_width)
         target = self.target
         # llama-cpp-python keeps sampling past max_tokens while the text ends inside a
         # multi-byte character; allow the engine a few tokens for that.
@@ -387,13 +388,29 @@ def load(
     verbose: bool = False,
     speculate: bool = True,
     max_draft: int = 64,
+    tree_width: int = 1,
+    threads: int | str = "auto",
     **llama_kwargs: Any,
 ) -> Lookahead:
-    """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) and wrap it."""
+    """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) and wrap it.
+
+    `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
+    so that drafts may branch where the index's occurrences disagree (each decode verifies
+    up to `tree_width` branches; the cost model decides when a wider batch pays). A plain
+    `llama_cpp.Llama` has one sequence: `wrap` then drafts chains only.
+    """
     from .models import check_gguf, default_model_path
 
+    from lookahead.adapters.llama_cpp import MAX_TREE_WIDTH
+
+    if not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise ValueError(f"tree_width must be an integer in 1..{MAX_TREE_WIDTH}, got {tree_width!r}")
     path = check_gguf(model_path if model_path is not None else default_model_path())
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
-    return wrap(llm, speculate=speculate, max_draft=max_draft)
+    if tree_width > 1:
+        from lookahead.adapters.llama_cpp import enable_tree_drafts
+
+        enable_tree_drafts(llm, tree_width)
+    return wrap(llm, speculate=speculate, max_draft=max_draft, threads=threads)

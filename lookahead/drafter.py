@@ -11,6 +11,11 @@ drafter picks the k (0 = no draft) with the best rate. On a CPU, where t(n) grow
 linearly, that means drafting only when acceptance is likely; on a flat curve (GPU, larger
 model) it drafts long.
 
+With a backend that can verify several branches in one decode (llama.cpp sequence ids,
+`tree_width` > 1), the draft may be a tree: nodes are added best-first by the probability of
+reaching them, and the size (and width) that maximises E / t(n + 1) is kept, so a tree is
+proposed only where the occurrences disagree and a wider batch pays for itself.
+
 c_i comes from two pieces of evidence:
 * a per-token acceptance estimate for the match's length bucket and source kind (context or
   reference), a Beta posterior updated after every verified draft of this request;
@@ -19,6 +24,7 @@ c_i comes from two pieces of evidence:
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -165,6 +171,9 @@ class Draft:
     match_length: int
     from_reference: bool
     expected_tokens: float  # E(k): expected tokens emitted by the pass, bonus included
+    # A tree: parents[j] is the node that token j follows (-1: the last emitted token), in
+    # topological order. None: a chain (token j follows token j - 1).
+    parents: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -194,27 +203,36 @@ def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float
 class Drafter:
     """Proposes a draft from the suffix index, sized by the cost model; learns per request."""
 
-    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02, sampled: bool = False):
+    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02, sampled: bool = False,
+                 tree_width: int = 1):
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
+        if tree_width < 1:
+            raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         self.cost = cost
         self.max_draft = int(max_draft)
         self.min_gain = float(min_gain)
         self.sampled = bool(sampled)
+        self.tree_width = int(tree_width)  # most branches (leaves) one draft may have
         self.acceptance = AcceptanceModel(sampled=self.sampled)
 
     def reset(self) -> None:
         """Start a new request: forget acceptance history (the cost curve is kept)."""
         self.acceptance = AcceptanceModel(sampled=self.sampled)
 
-    def propose(self, index: SuffixIndex, limit: int) -> Draft:
-        """The draft to verify next, at most `limit` tokens; EMPTY_DRAFT when none pays."""
+    def propose(self, index: SuffixIndex, limit: int, tree: bool = True) -> Draft:
+        """The draft to verify next, at most `limit` tokens; EMPTY_DRAFT when none pays.
+
+        `tree=False` forces a chain even with tree_width > 1 (the engine's first pass).
+        """
         limit = min(limit, self.max_draft, self.cost.max_batch - 1)
         if limit <= 0:
             return EMPTY_DRAFT
         match = index.query()
         if match is None:
             return EMPTY_DRAFT
+        if tree and self.tree_width > 1 and len(match.positions) > 1:
+            return self._propose_tree(index, match, limit)
         tokens, agreement = _follow_majority(index, match, limit)
         if not tokens:
             return EMPTY_DRAFT
@@ -227,9 +245,99 @@ class Drafter:
             return EMPTY_DRAFT
         return Draft(tokens[:k], match.length, from_reference, expected)
 
-    def record(self, draft: Draft, accepted: int) -> None:
-        if len(draft):
+    def _propose_tree(self, index: SuffixIndex, match: Match, limit: int) -> Draft:
+        """Best-first tree over the occurrences' continuations, sized by the cost curve.
+
+        A node's probability of being reached is the product, along its path, of the
+        acceptance estimate for its match length times the share of its parent's occurrences
+        that continue with it. Nodes are added in decreasing probability (a parent always
+        before its children), never more than `tree_width` leaves; the prefix of that order
+        with the best E / t(n + 1) is the draft.
+        """
+        conts = [index.continuation(pos, limit, cyclic=True).tolist() for pos in match.positions]
+        # Trie of the continuations: per node its token, parent, depth and occurrence count.
+        tok: list[int] = []
+        par: list[int] = []
+        depth: list[int] = []
+        count: list[int] = []
+        kids: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for cont in conts:
+            node = -1
+            for t in cont:
+                child = kids.get((node, t))
+                if child is None:
+                    child = len(tok)
+                    kids[(node, t)] = child
+                    tok.append(t)
+                    par.append(node)
+                    depth.append(1 if node < 0 else depth[node] + 1)
+                    count.append(0)
+                count[child] += 1
+                node = child
+        if not tok:
+            return EMPTY_DRAFT
+        from_reference = match.positions[0][0] != CONTEXT
+        rates = self.acceptance.rates(from_reference, match.length + np.arange(max(depth)))
+        n_root = sum(1 for c in conts if c)
+        children: dict[int, list[int]] = {}
+        for j, p in enumerate(par):
+            children.setdefault(p, []).append(j)
+
+        def reach(j: int, parent_reach: float) -> float:
+            parent_count = n_root if par[j] < 0 else count[par[j]]
+            return parent_reach * rates[depth[j] - 1] * count[j] / parent_count
+
+        curve = self.cost.curve()
+        limit = min(limit, len(curve) - 2)
+        heap = [(-reach(j, 1.0), j) for j in children.get(-1, [])]  # ties: the earlier (preferred) node
+        heapq.heapify(heap)
+        chosen: list[int] = []
+        prob: dict[int, float] = {}
+        has_child: set[int] = set()
+        leaves = 0
+        expected = 1.0
+        best_rate, best_n, best_expected = 1.0 / curve[1], 0, 1.0
+        while heap and len(chosen) < limit:
+            neg_p, j = heapq.heappop(heap)
+            parent = par[j]
+            new_leaf = parent < 0 and chosen or parent in has_child
+            if new_leaf and leaves >= self.tree_width:
+                continue
+            if parent < 0 and not chosen:
+                leaves = 1
+            elif new_leaf:
+                leaves += 1
+            has_child.add(parent)
+            chosen.append(j)
+            prob[j] = -neg_p
+            expected += prob[j]
+            rate = expected / curve[len(chosen) + 1]
+            if rate > best_rate:
+                best_rate, best_n, best_expected = rate, len(chosen), expected
+            for c in children.get(j, []):
+                heapq.heappush(heap, (-reach(c, prob[j]), c))
+        if best_n == 0 or best_rate < self.min_gain / curve[1]:
+            return EMPTY_DRAFT
+        nodes = chosen[:best_n]
+        order = {j: i for i, j in enumerate(nodes)}
+        tokens = [tok[j] for j in nodes]
+        parents = tuple(-1 if par[j] < 0 else order[par[j]] for j in nodes)
+        if all(p == i - 1 for i, p in enumerate(parents)):
+            parents = None  # a chain: verified and rolled back like a linear draft
+        return Draft(tokens, match.length, from_reference, best_expected, parents)
+
+    def record(self, draft: Draft, accepted: int, path: list[int] | None = None) -> None:
+        """The verifier accepted `accepted` tokens (for a tree: the nodes in `path`)."""
+        if not len(draft):
+            return
+        if draft.parents is None:
             self.acceptance.update(draft.from_reference, draft.match_length, len(draft), accepted)
+            return
+        # A tree: the walk went `accepted` levels deep; it failed at the next level only if
+        # the node it stopped at had children to offer.
+        last = path[-1] if path else -1
+        failed = last in draft.parents
+        self.acceptance.update(draft.from_reference, draft.match_length, accepted + int(failed), accepted)
 
 
 def _follow_majority(index: SuffixIndex, match: Match, depth: int) -> tuple[list[int], np.ndarray]:

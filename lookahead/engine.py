@@ -18,7 +18,7 @@ from .drafter import EMPTY_DRAFT, Drafter
 from .index import SuffixIndex
 from .sampling import SamplingParams
 from .stats import SpeculationStats
-from .verify import Verdict, verify_draft
+from .verify import Verdict, verify_draft, verify_tree
 
 
 class Target(Protocol):
@@ -46,6 +46,10 @@ class Target(Protocol):
     def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
         """Time one decode of each size at the current position, then remove it: {n: ms}."""
 
+    # Optional, for tree drafts: `tree_width` (branches one decode can verify, 1 if absent),
+    # `decode_tree(root, tokens, parents) -> rows` (row 0 after the root, row j + 1 after node
+    # j) and `keep_path(path)` (keep the root and the accepted nodes, drop the other branches).
+
     # Optional: `tune()`, called once after the first step of every request (the backend's
     # own one-off measurements, e.g. llama.cpp's thread count), and `decode_threads`.
 
@@ -67,7 +71,9 @@ def generate_tokens(
     are appended to its running context here. The consumer may stop iterating at any time
     (EOS, stop string); closing the generator leaves the target consistent. `observer`, if
     given, sees every step's (logits rows, draft, verdict) before the rows are reused: tests
-    use it to check each emitted token against the logits the verifier saw.
+    use it to check each emitted token against the logits the verifier saw. (For a tree draft
+    `rows` are re-indexed along the accepted path: rows[i] is the row emitted token i came from;
+    `draft` is the whole tree's tokens.)
     """
     if len(prompt) == 0:
         raise ValueError("the prompt must hold at least one token")
@@ -94,20 +100,30 @@ def generate_tokens(
                 target.n_ctx - len(kv_tokens) - len(pending),  # KV must hold pending + draft
                 target.max_batch - len(pending),
             )
-            draft = drafter.propose(index, room) if drafter is not None and room > 0 else EMPTY_DRAFT
+            draft = (drafter.propose(index, room, tree=len(pending) == 1) if drafter is not None and room > 0
+                     else EMPTY_DRAFT)
             t1 = time.perf_counter()
-            rows = target.decode([*pending, *draft.tokens], len(draft) + 1)  # [k + 1, n_vocab]
-            t2 = time.perf_counter()
-            verdict = verify_draft(rows, draft.tokens, params, rng, generated if params.uses_penalties else ())
+            recent = generated if params.uses_penalties else ()
+            if draft.parents is None:
+                rows = target.decode([*pending, *draft.tokens], len(draft) + 1)  # [k + 1, n_vocab]
+                t2 = time.perf_counter()
+                verdict = verify_draft(rows, draft.tokens, params, rng, recent)
+            else:  # a tree: branches verified in one decode (sequence ids), one path kept
+                rows = target.decode_tree(pending[0], draft.tokens, draft.parents)  # [n + 1, n_vocab]
+                t2 = time.perf_counter()
+                verdict = verify_tree(rows, draft.tokens, draft.parents, params, rng, recent)
+                target.keep_path(verdict.path)
+                rows = rows[[0, *(j + 1 for j in verdict.path)]]  # the rows the emitted tokens came from
+                stats.tree_passes += 1
             t3 = time.perf_counter()
             if observer is not None:
                 observer(rows, draft.tokens, verdict)
             kv_tokens.extend(pending)
-            kv_tokens.extend(draft.tokens[: verdict.accepted])
-            if verdict.accepted < len(draft):
+            kv_tokens.extend(verdict.tokens[: verdict.accepted])
+            if draft.parents is None and verdict.accepted < len(draft):
                 target.rollback(len(kv_tokens))
             if drafter is not None:
-                drafter.record(draft, verdict.accepted)
+                drafter.record(draft, verdict.accepted, verdict.path)
                 if len(pending) == 1:
                     drafter.cost.observe(len(draft) + 1, 1000 * (t2 - t1))
             stats.record_step(len(draft), verdict.accepted, len(verdict.tokens))

@@ -49,11 +49,9 @@ def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_
     while pos < n:
         draft = drafter.propose(index, n - pos - 1)
         k = len(draft)
-        truth = output[pos : pos + k]
-        a = 0
-        while a < k and draft.tokens[a] == truth[a]:
-            a += 1
-        drafter.record(draft, a)
+        path = _walk(draft, output[pos : pos + k])
+        a = len(path)
+        drafter.record(draft, a, path)
         emitted = list(output[pos : pos + a + 1])
         index.extend(emitted)
         pos += len(emitted)
@@ -62,6 +60,23 @@ def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_
         accepted += a
         time_ms += cost_ms(k + 1)
     return Replay(n, passes, drafted, accepted, time_ms, n * cost_ms(1))
+
+
+def _walk(draft, truth: Sequence[int]) -> list[int]:
+    """The draft nodes a greedy target accepts when it emits `truth` (chain or tree)."""
+    if draft.parents is None:
+        a = 0
+        while a < len(draft) and a < len(truth) and draft.tokens[a] == truth[a]:
+            a += 1
+        return list(range(a))
+    path: list[int] = []
+    node = -1
+    for token in truth:
+        node = next((j for j, p in enumerate(draft.parents) if p == node and draft.tokens[j] == token), None)
+        if node is None:
+            break
+        path.append(node)
+    return path
 
 
 def main(argv: list[str]) -> None:

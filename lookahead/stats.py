@@ -12,6 +12,7 @@ class SpeculationStats:
     generated_tokens: int = 0
     target_passes: int = 0  # decodes after the prefill, one per step
     draft_passes: int = 0  # steps that verified a non-empty draft
+    tree_passes: int = 0  # of those, drafts that branched (several continuations in one decode)
     drafted: int = 0  # draft tokens sent to the target
     accepted: int = 0  # draft tokens the verifier accepted
     accept_histogram: dict[int, int] = field(default_factory=dict)  # accepted per drafted step -> steps

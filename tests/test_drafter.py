@@ -494,3 +494,96 @@ def test_vectorised_rates_equal_scalar_rate():
     for ref in (False, True):
         expected = [model.rate(ref, int(n)) for n in lengths]
         assert np.allclose(model.rates(ref, lengths), expected)
+
+
+# --- tree drafts ------------------------------------------------------------------------------
+# Context: the suffix [1, 2, 3] occurred twice before, continuing [10, 11, 12] (older) and
+# [20, 21, 22] (newer). Match length 3 (bucket <= 5: prior 0.50; then 0.65 from length 6).
+FORK = [1, 2, 3, 10, 11, 12, 7, 1, 2, 3, 20, 21, 22, 8, 1, 2, 3]
+
+
+def fork_index(extra=()):
+    index = SuffixIndex()
+    index.extend(list(extra) + FORK)
+    return index
+
+
+def check_topological(draft):
+    assert draft.parents is not None and len(draft.parents) == len(draft.tokens)
+    assert all(-1 <= p < j for j, p in enumerate(draft.parents))
+
+
+def test_tree_on_a_flat_curve_takes_both_branches():
+    drafter = Drafter(linear_cost(10.0, 0.0), tree_width=2)  # extra tokens are free
+    draft = drafter.propose(fork_index(), 64)
+    check_topological(draft)
+    roots = [draft.tokens[j] for j, p in enumerate(draft.parents) if p == -1]
+    assert roots == [20, 10]  # equal counts: the newer occurrence first
+    # each branch is followed down its own occurrence
+    def branch(first):
+        j = draft.tokens.index(first)
+        out = [first]
+        while True:
+            kids = [c for c, p in enumerate(draft.parents) if p == j]
+            if not kids:
+                return out
+            j = kids[0]
+            out.append(draft.tokens[j])
+    assert branch(20)[:5] == [20, 21, 22, 8, 1]
+    assert branch(10)[:5] == [10, 11, 12, 7, 1]
+    # E = 1 + sum of reach probabilities; the first level: 0.5 * 1/2 each
+    assert draft.expected_tokens > 1.5
+
+
+def test_tree_width_one_is_the_chain_drafter():
+    chain = Drafter(linear_cost(10.0, 0.0)).propose(fork_index(), 64)
+    assert chain.parents is None and chain.tokens[:3] == [20, 21, 22]
+    forced = Drafter(linear_cost(10.0, 0.0), tree_width=4).propose(fork_index(), 64, tree=False)
+    assert forced == chain
+
+
+def test_tree_never_has_more_leaves_than_its_width():
+    extra = [1, 2, 3, 30, 31, 32, 9]  # a third, oldest continuation
+    for width in (2, 3):
+        draft = Drafter(linear_cost(10.0, 0.0), tree_width=width).propose(fork_index(extra), 64)
+        check_topological(draft)
+        leaves = [j for j in range(len(draft)) if j not in draft.parents]
+        assert len(leaves) == width
+    wide = Drafter(linear_cost(10.0, 0.0), tree_width=3).propose(fork_index(extra), 64)
+    assert sorted(draft_tok for draft_tok, p in zip(wide.tokens, wide.parents) if p == -1) == [10, 20, 30]
+
+
+def test_tree_on_a_steep_curve_drafts_nothing_from_weak_evidence():
+    # reach of each first token 0.5 * 1/2 = 0.25: no branch pays for a second row at t(2) = 21 ms
+    assert Drafter(steep_cost(), tree_width=4).propose(fork_index(), 64) == EMPTY_DRAFT
+
+
+def test_one_occurrence_gives_a_chain_even_with_tree_width():
+    draft = Drafter(linear_cost(10.0, 0.0), tree_width=4).propose(repeat_index(), 64)
+    assert draft.parents is None and draft.tokens[:3] == SEQ[10:13]
+
+
+def test_tree_size_follows_the_cost_curve():
+    """Growing a tree stops where the next node's reach no longer pays its row."""
+    lengths = [len(Drafter(linear_cost(10.0, slope), tree_width=2).propose(fork_index(), 64))
+               for slope in (0.1, 0.5, 1.0, 3.0)]
+    print("tree sizes for slopes 0.1, 0.5, 1, 3 ms per token:", lengths)
+    assert lengths[0] > lengths[1] > lengths[2] > 0 and lengths[3] == 0  # 3 ms: 1.25 / 13 < 1 / 10
+
+
+def test_record_tree_counts_a_failure_only_where_the_tree_offered_a_child():
+    tree = Draft([20, 10, 21], 3, False, 2.0, parents=(-1, -1, 0))
+    drafter = Drafter(linear_cost(10.0, 0.0), tree_width=2)
+    drafter.record(tree, 0, [])  # the root's children both missed: one rejection at length 3
+    assert drafter.acceptance.rejected[0].sum() == 1 and drafter.acceptance.accepted[0].sum() == 0
+    drafter.reset()
+    drafter.record(tree, 1, [1])  # took 10, a leaf: one acceptance, no test at the next level
+    assert drafter.acceptance.rejected[0].sum() == 0 and drafter.acceptance.accepted[0].sum() == 1
+    drafter.reset()
+    drafter.record(tree, 1, [0])  # took 20, whose child 21 then missed
+    assert drafter.acceptance.rejected[0].sum() == 1 and drafter.acceptance.accepted[0].sum() == 1
+
+
+def test_tree_width_must_be_positive():
+    with pytest.raises(ValueError, match="tree_width must be >= 1, got 0"):
+        Drafter(linear_cost(10.0, 0.0), tree_width=0)
