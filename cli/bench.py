@@ -16,7 +16,8 @@ Methods:
 * prompt-lookup  llama-cpp-python's built-in LlamaPromptLookupDecoding (a second Llama built
                  with `draft_model=`; same model file, n_ctx and threads);
 * server-*       with --llama-server PATH: llama.cpp's server, plain and with its n-gram
-                 speculation (see `LlamaServer`, untested here).
+                 speculation (see `LlamaServer`). Run here with a llama-server built from the
+                 llama.cpp vendored in llama-cpp-python 0.3.36's sdist (no CI test: no binary).
 
 All local calls stream: the time between consecutive non-empty chunks gives the
 inter-token latencies for the plot (speculation makes that histogram bimodal).
@@ -61,8 +62,14 @@ EXIT_INTERRUPTED = 130
 
 
 def baseline_of(method: str) -> str:
-    """The method a method's speedup is measured against: the server modes against the plain server."""
-    return SERVER_PLAIN if method.startswith("server-") else PLAIN
+    """The method a method's speedup is measured against: the server's n-gram modes against the
+    plain server (as llama.cpp's own speculation gains), everything else, server-plain included,
+    against plain llama-cpp-python."""
+    return SERVER_PLAIN if method.startswith("server-") and method != SERVER_PLAIN else PLAIN
+
+
+SERVER_PLAIN_BASIS = ("server-plain: decode time per output token against plain's (the server applies the chat "
+                      "template its own way, so outputs and end-to-end times are not comparable)")
 
 
 # ---- pure computations -------------------------------------------------------------------
@@ -169,12 +176,19 @@ class Run:
     output_tokens: int | None = None  # tokens of the text, counted with the model's tokenizer
 
     @property
+    def decode_cost(self) -> float | None:
+        """Decode seconds per output token after the first (prefill excluded), if known."""
+        if self.output_tokens and self.output_tokens > 1 and self.ttft_s is not None:
+            return (self.seconds - self.ttft_s) / (self.output_tokens - 1)
+        return None
+
+    @property
     def cost(self) -> float:
         """What speedups compare: seconds, or at temperature > 0 decode seconds per output
         token after the first (prefill excluded), since sampled outputs of different methods
         differ in length and a short one would be all prefill."""
-        if self.temperature > 0 and self.output_tokens and self.output_tokens > 1 and self.ttft_s is not None:
-            return (self.seconds - self.ttft_s) / (self.output_tokens - 1)  # decode only: prefill excluded
+        if self.temperature > 0 and self.decode_cost is not None:
+            return self.decode_cost
         return self.seconds
 
 
@@ -235,10 +249,21 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
         by_method.setdefault(r.method, []).append(r)
     medians = {m: statistics.median(r.seconds for r in rs) for m, rs in by_method.items()}
     costs = {m: statistics.median(r.cost for r in rs) for m, rs in by_method.items()}
+    if SERVER_PLAIN in by_method and PLAIN in by_method:
+        # Another engine: llama-server applies the chat template its own way, so its outputs
+        # differ from llama-cpp-python's and end-to-end times are not comparable. Compare
+        # decode time per output token instead, at every temperature.
+        decode = {m: [r.decode_cost for r in by_method[m]] for m in (PLAIN, SERVER_PLAIN)}
+        if all(v is not None for values in decode.values() for v in values):
+            server_speedup = statistics.median(decode[PLAIN]) / statistics.median(decode[SERVER_PLAIN])
+        else:
+            server_speedup = None
     methods = {}
     for m, rs in by_method.items():
         base = baseline_of(m)
         speedup = costs[base] / costs[m] if base in costs and costs[m] > 0 else None
+        if m == SERVER_PLAIN:
+            speedup = server_speedup if PLAIN in by_method else None
         identical = None
         if first.temperature == 0 and base in by_method and m != base:
             base_text = {r.rep: r.text for r in by_method[base]}
@@ -551,13 +576,13 @@ class LocalMethods:
         return run
 
 
-# ---- llama-server (untested: no llama-server binary where this was written) ---------------------
+# ---- llama-server ----------------------------------------------------------------------------------
 class LlamaServer:
     """One llama-server process on 127.0.0.1, plain or with one --spec-type.
 
-    UNTESTED: written against llama.cpp's documented server API (/health, /completion,
-    /v1/chat/completions, `cache_prompt`, `--spec-type`) without a binary to run it on.
-    Prompt caching is switched off per request (`cache_prompt: false`), so every call pays its
+    Uses llama.cpp's server API (/health, /completion, /v1/chat/completions, `cache_prompt`,
+    `--spec-type`); run by hand against a llama-server built from the llama.cpp vendored in
+    llama-cpp-python 0.3.36 (CI has no binary, so no test runs this class). Prompt caching is switched off per request (`cache_prompt: false`), so every call pays its
     prefill, as the local methods do. Requests do not stream: no latencies for the plot.
     """
 
@@ -614,6 +639,10 @@ class LlamaServer:
         timings = out.get("timings") or {}
         run = Run(workload["id"], workload["category"], temperature, -1, method, seconds, text)
         run.generated_tokens = timings.get("predicted_n")
+        n, decode_ms = timings.get("predicted_n"), timings.get("predicted_ms")
+        if n and n > 1 and decode_ms:  # no stream: the server's own decode time stands in for ttft
+            run.output_tokens = n
+            run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
         return run
 
     def close(self) -> None:
@@ -706,7 +735,7 @@ def plot(path: Path, summaries: Sequence[dict], runs: Sequence[Run]) -> None:
               help="Draft length of llama-cpp-python's LlamaPromptLookupDecoding (num_pred_tokens).")
 @click.option("--llama-server", "llama_server", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="llama.cpp's llama-server binary: also time it plain and with "
-                                 f"--spec-type {' / '.join(SERVER_SPEC_TYPES)} (untested path).")
+                                 f"--spec-type {' / '.join(SERVER_SPEC_TYPES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with everything instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: speedups, acceptance, inter-token latency histograms (needs matplotlib).")
@@ -788,6 +817,7 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         "prefix_cache": PREFIX_CACHE_POLICY,
         "speedup_basis": "median wall time at temperature 0; above 0, median decode seconds per output token "
                          "after the first, prefill excluded (sampled outputs differ in length between methods)", "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
+        "server_plain_basis": SERVER_PLAIN_BASIS if llama_server else None,
         "streamed": True, "order": "interleaved per workload, temperature and repetition; rotated every repetition",
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve else None),
@@ -806,7 +836,8 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
                f"(one-token/batch; lookahead's one-token: {llama_threads['lookahead_decode_threads']}), {reps} reps, {len(workloads)} workloads; "
                f"prefix cache {PREFIX_CACHE_POLICY}")
     click.echo("speedup × = geometric mean over workloads of plain median / method median"
-               + (" (server modes: over server-plain)" if llama_server else "")
+               + (" (server-plain: over plain, per output token; the server's n-gram modes: over server-plain)"
+                  if llama_server else "")
                + "; acceptance, tokens/pass, alpha, k, predicted: lookahead")
     click.echo(format_table(summaries))
 
