@@ -43,10 +43,10 @@ for w in workloads:
         totals["all"][key] += stats[key]
     print(f"{w['id']:32s} {stats['total_ms']:8.0f} ms  {stats['generated_tokens']:4d} tokens  "
           f"{stats['target_passes']:4d} passes", file=sys.stderr)
-print(f"temperature {temperature}; share of wall time (ms per category in brackets)")
+print(f"temperature {temperature}; share of each category's wall time; ms per target pass")
 print(f"{'category':12s} {'total ms':>9s} " + " ".join(f"{p[:-3]:>12s}" for p in parts)
       + f" {'other':>7s} {'ms/pass':>8s} {'propose/pass':>13s}")
-for category, t in totals.items():
+for category, t in sorted(totals.items(), key=lambda item: item[0] == "all"):
     total = t["total_ms"]
     other = total - sum(t[p] for p in parts)
     shares = " ".join(f"{100 * t[p] / total:11.1f}%" for p in parts)
