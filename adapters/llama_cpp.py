@@ -95,7 +95,7 @@ class LlamaCppTarget:
         self._batch = lib.llama_batch_init(self.max_batch, 0, max(1, self.tree_width))
         self._vocab = llm._model.vocab
         self._pieces: dict[int, bytes] = {}
-        self._tree = None  # (base position, leaves, sequence ids per node) between decode_tree and keep_path
+        self._tree = None  # (base position, sequence ids per node) between decode_tree and keep_path
         self.threads = threads
         self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
 
@@ -160,8 +160,7 @@ class LlamaCppTarget:
             if a != b:
                 break
             keep += 1
-        for seq in range(1, self.tree_width):  # branches of an interrupted tree draft
-            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        self._drop_branches()  # of an interrupted tree draft
         # seq -1: every sequence; nothing of another request survives past `keep`.
         if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             self._lib.llama_memory_clear(self._memory, True)
@@ -231,14 +230,14 @@ class LlamaCppTarget:
             for k, seq in enumerate(ids):
                 batch.seq_id[i][k] = seq
             batch.logits[i] = True
-        self._tree = (base, leaves, seqs)
+        self._tree = (base, seqs)
         self._decode()
         ptr = self._lib.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n + 1, self.n_vocab))
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After `decode_tree`: keep the root and the accepted nodes `path`, all in sequence 0."""
-        base, leaves, seqs = self._tree
+        base, seqs = self._tree
         self._tree = None
         mem, lib = self._memory, self._lib
         end = base + 1 + len(path)
@@ -247,9 +246,13 @@ class LlamaCppTarget:
             lib.llama_memory_seq_rm(mem, 0, base + 1, -1)  # sequence 0's own branch
             lib.llama_memory_seq_cp(mem, winner, 0, base + 1, end)
         lib.llama_memory_seq_rm(mem, 0, end, -1)
-        for s in range(1, len(leaves)):  # untag the history, free the other branches' cells
-            lib.llama_memory_seq_rm(mem, s, -1, -1)
+        self._drop_branches()
         self.n_past = end
+
+    def _drop_branches(self) -> None:
+        """Remove every sequence but 0: untags the shared history, frees the branches' cells."""
+        for seq in range(1, self.tree_width):
+            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
     def rollback(self, n_keep: int) -> None:
         self._lib.llama_memory_seq_rm(self._memory, -1, n_keep, -1)
@@ -261,12 +264,13 @@ class LlamaCppTarget:
             self._llama_threads = None
         if getattr(self, "n_past", None) is None:
             return
-        if self._tree is not None:  # interrupted between decode_tree and keep_path
+        # Interrupted between decode_tree and keep_path (the tree sits past n_past), or
+        # between decode and rollback.
+        interrupted_tree = self._tree is not None
+        if interrupted_tree:
             self._tree = None
-            for seq in range(1, self.tree_width):
-                self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
-            self.rollback(min(self.n_past, len(kv_tokens)))
-        if self.n_past != len(kv_tokens):  # interrupted between decode and rollback
+            self._drop_branches()
+        if interrupted_tree or self.n_past != len(kv_tokens):
             self.rollback(min(self.n_past, len(kv_tokens)))
             kv_tokens = list(kv_tokens)[: self.n_past]
         self._sync_llama(kv_tokens)

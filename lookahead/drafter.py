@@ -25,13 +25,14 @@ c_i comes from two pieces of evidence:
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .index import CONTEXT, Match, SuffixIndex
+from .index import CONTEXT, Branch, Match, SuffixIndex
 
 # Match-length buckets (upper bounds, inclusive) and the prior per-token acceptance for each:
 # the probability that a draft token is accepted, given the earlier ones were, when the
@@ -254,77 +255,53 @@ class Drafter:
         before its children), never more than `tree_width` leaves; the prefix of that order
         with the best E / t(n + 1) is the draft.
         """
-        conts = [index.continuation(pos, limit, cyclic=True).tolist() for pos in match.positions]
-        # Trie of the continuations: per node its token, parent, depth and occurrence count.
-        tok: list[int] = []
-        par: list[int] = []
-        depth: list[int] = []
-        count: list[int] = []
-        kids: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        for cont in conts:
-            node = -1
-            for t in cont:
-                child = kids.get((node, t))
-                if child is None:
-                    child = len(tok)
-                    kids[(node, t)] = child
-                    tok.append(t)
-                    par.append(node)
-                    depth.append(1 if node < 0 else depth[node] + 1)
-                    count.append(0)
-                count[child] += 1
-                node = child
-        if not tok:
+        roots = index.continuation_trie(match, limit, cyclic=True)
+        if not roots:
             return EMPTY_DRAFT
         from_reference = match.positions[0][0] != CONTEXT
-        rates = self.acceptance.rates(from_reference, match.length + np.arange(max(depth)))
-        n_root = sum(1 for c in conts if c)
-        children: dict[int, list[int]] = {}
-        for j, p in enumerate(par):
-            children.setdefault(p, []).append(j)
-
-        def reach(j: int, parent_reach: float) -> float:
-            parent_count = n_root if par[j] < 0 else count[par[j]]
-            return parent_reach * rates[depth[j] - 1] * count[j] / parent_count
-
+        rates = self.acceptance.rates(from_reference, match.length + np.arange(limit))  # by depth - 1
         curve = self.cost.curve()
         limit = min(limit, len(curve) - 2)
-        heap = [(-reach(j, 1.0), j) for j in children.get(-1, [])]  # ties: the earlier (preferred) node
-        heapq.heapify(heap)
-        chosen: list[int] = []
-        prob: dict[int, float] = {}
+        # Frontier: (-reach, push order, depth, parent's place in the draft, branch). Siblings
+        # are pushed in the trie's order (count, then preference), so equal reaches go to it.
+        heap: list[tuple[float, int, int, int, Branch]] = []
+        order = itertools.count()
+
+        def push(children: list[Branch], parent: int, parent_reach: float, depth: int) -> None:
+            parent_count = sum(b.count for b in children) if parent < 0 else draft_counts[parent]
+            for br in children:
+                reach = parent_reach * rates[depth - 1] * br.count / parent_count
+                heapq.heappush(heap, (-reach, next(order), depth, parent, br))
+
+        tokens: list[int] = []
+        parents: list[int] = []
+        draft_counts: list[int] = []
         has_child: set[int] = set()
         leaves = 0
         expected = 1.0
         best_rate, best_n, best_expected = 1.0 / curve[1], 0, 1.0
-        while heap and len(chosen) < limit:
-            neg_p, j = heapq.heappop(heap)
-            parent = par[j]
-            new_leaf = parent < 0 and chosen or parent in has_child
+        push(roots, -1, 1.0, 1)
+        while heap and len(tokens) < limit:
+            neg_reach, _, depth, parent, br = heapq.heappop(heap)
+            new_leaf = parent < 0 or parent in has_child  # else it extends its parent's branch
             if new_leaf and leaves >= self.tree_width:
                 continue
-            if parent < 0 and not chosen:
-                leaves = 1
-            elif new_leaf:
-                leaves += 1
+            leaves += int(new_leaf)
             has_child.add(parent)
-            chosen.append(j)
-            prob[j] = -neg_p
-            expected += prob[j]
-            rate = expected / curve[len(chosen) + 1]
+            tokens.append(br.token)
+            parents.append(parent)
+            draft_counts.append(br.count)
+            expected += -neg_reach
+            rate = expected / curve[len(tokens) + 1]
             if rate > best_rate:
-                best_rate, best_n, best_expected = rate, len(chosen), expected
-            for c in children.get(j, []):
-                heapq.heappush(heap, (-reach(c, prob[j]), c))
+                best_rate, best_n, best_expected = rate, len(tokens), expected
+            push(br.children, len(tokens) - 1, -neg_reach, depth + 1)
         if best_n == 0 or best_rate < self.min_gain / curve[1]:
             return EMPTY_DRAFT
-        nodes = chosen[:best_n]
-        order = {j: i for i, j in enumerate(nodes)}
-        tokens = [tok[j] for j in nodes]
-        parents = tuple(-1 if par[j] < 0 else order[par[j]] for j in nodes)
-        if all(p == i - 1 for i, p in enumerate(parents)):
-            parents = None  # a chain: verified and rolled back like a linear draft
-        return Draft(tokens, match.length, from_reference, best_expected, parents)
+        chosen_parents = tuple(parents[:best_n])
+        if all(p == i - 1 for i, p in enumerate(chosen_parents)):
+            chosen_parents = None  # a chain: verified and rolled back like a linear draft
+        return Draft(tokens[:best_n], match.length, from_reference, best_expected, chosen_parents)
 
     def record(self, draft: Draft, accepted: int, path: list[int] | None = None) -> None:
         """The verifier accepted `accepted` tokens (for a tree: the nodes in `path`)."""

@@ -242,16 +242,16 @@ class SuffixIndex:
             out = np.resize(out, want)  # repeats the period
         return out
 
-    def continuation_trie(self, match: Match, depth: int) -> list[Branch]:
+    def continuation_trie(self, match: Match, depth: int, cyclic: bool = False) -> list[Branch]:
         """Merge the continuations of every occurrence in `match` into a counted trie.
 
-        Root branches are ordered by count, ties broken by the preference order of
-        `match.positions` (most recent first).
+        Branches of each level are ordered by count, ties broken by the preference order of
+        `match.positions` (most recent first). `cyclic` as in `continuation`.
         """
         roots: list[Branch] = []
         for pos in match.positions:
             level = roots
-            for tok in self.continuation(pos, depth).tolist():
+            for tok in self.continuation(pos, depth, cyclic=cyclic).tolist():
                 for br in level:
                     if br.token == tok:
                         br.count += 1

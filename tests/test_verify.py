@@ -229,6 +229,15 @@ def run(n, one_verdict):
     return Counter(tuple(one_verdict().tokens) for _ in range(n))
 
 
+def assert_first_token_follows_row_0(observed: Counter, rows, params) -> None:
+    """The first emitted token alone (outputs are token tuples), against row 0's target_probs."""
+    first = Counter()
+    for tokens, count in observed.items():
+        first[tokens[0]] += count
+    token_ids, probs = target_probs(rows[0], params, recent_window(GENERATED, params))
+    assert chi_square_pvalue(first, dict(zip(token_ids.tolist(), probs))) > ALPHA
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_linear_draft_output_is_distributed_as_the_target(name):
     params = SETTINGS[name]
@@ -237,12 +246,7 @@ def test_linear_draft_output_is_distributed_as_the_target(name):
     expected = output_distribution(rows, draft, list(range(-1, len(draft) - 1)), params, GENERATED)
     observed = run(N_SAMPLES, lambda: verify_draft(rows, draft, params, rng, GENERATED))
     assert chi_square_pvalue(observed, expected) > ALPHA
-    # The first emitted token alone, against row 0's target_probs directly.
-    first = Counter()
-    for tokens, count in observed.items():
-        first[tokens[0]] += count
-    token_ids, probs = target_probs(rows[0], params, recent_window(GENERATED, params))
-    assert chi_square_pvalue(first, dict(zip(token_ids.tolist(), probs))) > ALPHA
+    assert_first_token_follows_row_0(observed, rows, params)
 
 
 @pytest.mark.parametrize("name", ["t1.0", "defaults", "defaults_penalties"])
@@ -295,11 +299,7 @@ def test_draft_with_probs_output_is_distributed_as_the_target(name):
     expected = plain_two_token_distribution(rows, params, GENERATED)
     observed = Counter(sample_with_probs(rows, draft_probs, params, rng, GENERATED) for _ in range(N_SAMPLES))
     assert chi_square_pvalue(observed, expected) > ALPHA
-    first = Counter()
-    for pair, count in observed.items():
-        first[pair[0]] += count
-    token_ids, probs = target_probs(rows[0], params, recent_window(GENERATED, params))
-    assert chi_square_pvalue(first, dict(zip(token_ids.tolist(), probs))) > ALPHA
+    assert_first_token_follows_row_0(observed, rows, params)
 
 
 # --- power: the same checks reject wrong rules ------------------------------------------------
