@@ -100,7 +100,8 @@ class ProbeResult:
     signal: str | None = None  # e.g. "SIGSEGV" when the child died by a signal
     returncode: int | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)  # {"1": t(1), "8": t(8), "64": t(64)}
-    threads: dict[str, Any] = field(default_factory=dict)
+    threads: dict[str, Any] = field(default_factory=dict)  # counts, and one-token ms per count
+    model_desc: str = ""  # llama.cpp's description, e.g. "llama ?B Q4_1"
     error: str = ""  # the tail of the child's stderr, or why it could not run
     cause: str = ""  # for a failure: what went wrong and how to fix it
 
@@ -135,6 +136,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
                 continue
             result.timings_ms = data.get("timings_ms", {})
             result.threads = data.get("threads", {})
+            result.model_desc = data.get("model_desc", "")
     result.error = "\n".join(proc.stderr.strip().splitlines()[-5:])
     if proc.returncode < 0:
         try:
@@ -225,12 +227,22 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
             stage(f"decode {n}")
             for size, ms in target.calibrate([n]).items():
                 timings[str(size)].append(ms)
+    # One-token decodes at the Llama's own thread count and at its batch count: llama-cpp-python
+    # defaults the first to half the CPUs, which is slow where the CPUs are not SMT siblings.
+    own, batch = int(llm.n_threads), int(llm.n_threads_batch)
+    one_token: dict[str, float] = {}
+    for n_threads in sorted({own, batch}):
+        llama_cpp.llama_set_n_threads(llm._ctx.ctx, n_threads, batch)
+        one_token[str(n_threads)] = round(float(np.median(
+            [target.calibrate([1])[1] for _ in range(max(3, reps))])), 2)
+    llama_cpp.llama_set_n_threads(llm._ctx.ctx, own, batch)
     target.end(prompt)
-    threads = {"n_threads": int(llm.n_threads), "n_threads_batch": int(llm.n_threads_batch),
-               "cpu_count": os.cpu_count()}
+    threads = {"n_threads": own, "n_threads_batch": batch, "cpu_count": os.cpu_count(),
+               "one_token_ms": one_token}
     stage("done")
     print(json.dumps({"timings_ms": {k: round(float(np.median(v)), 2) for k, v in timings.items() if v},
-                      "threads": threads}), flush=True)
+                      "threads": threads, "model_desc": llm._model.desc(), "context_tokens": context_tokens}),
+          flush=True)
 
 
 if __name__ == "__main__":  # the child

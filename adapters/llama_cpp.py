@@ -80,6 +80,9 @@ class LlamaCppTarget:
                                                 and threads >= 1)):
             raise ValueError(f"threads must be 'auto', 'keep' or a positive integer, got {threads!r}")
         lib = _lib()
+        from .health import ensure_batched_decodes
+
+        ensure_batched_decodes(llm.model_path)  # a build known to crash here: a clear error instead
         self.llm = llm
         self._lib = lib
         self._context = llm._ctx  # the LlamaContext wrapped; enable_tree_drafts replaces it

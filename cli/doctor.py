@@ -1,0 +1,102 @@
+"""`lookahead doctor`: what llama.cpp build this is, what the CPU can do, and whether it works here."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from .options import resolve_model
+
+# The instruction sets that matter to llama.cpp on x86, as /proc/cpuinfo names them.
+CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+                   "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+@click.command()
+@click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="GGUF model to test with. Default: the embedded SmolLM2-135M-Instruct.")
+@click.option("--context", "context_tokens", type=click.IntRange(16, 4096), default=256, show_default=True,
+              help="Tokens in the KV cache when the decode times are taken.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+def doctor(model_path, context_tokens, as_json):
+    """Check that llama.cpp runs batched decodes on this machine, and time them.
+
+    Prints the llama-cpp-python build (its compiled CPU features, GPU offload), what the CPU
+    reports, the thread defaults, and t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after
+    a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
+    so this curve says how much it can gain here. The decodes run in a child process: a build
+    that crashes on this CPU (e.g. AMX compiled in on a VM that faults on it) is reported with
+    its cause and fix instead of killing lookahead. Exit code 1 when batched decodes fail.
+    """
+    from lookahead.adapters import health
+
+    path = resolve_model(model_path)
+    info = health.system_info()
+    flags = health.cpu_flags()
+    result = health.probe(path, context_tokens=context_tokens)
+    report = {
+        "lookahead": _version("lookahead"),
+        "llama_cpp_python": _version("llama-cpp-python"),
+        "library": str(health.library_path()),
+        "compiled_features": {k: v for k, v in info.items()},
+        "gpu_offload": _gpu_offload(),
+        "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
+                "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
+        "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
+        "check": result.to_dict(),
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        _print(report, result)
+    if not result.ok:
+        raise SystemExit(1)
+
+
+def _print(report: dict, result) -> None:
+    echo = click.echo
+    echo(f"lookahead {report['lookahead']}, llama-cpp-python {report['llama_cpp_python']}")
+    echo(f"  library:   {report['library']}")
+    compiled = [k for k, v in report["compiled_features"].items() if v == "1"]
+    echo(f"  compiled:  {' '.join(compiled) or '(none reported)'}")
+    echo(f"  backend:   {'GPU offload available' if report['gpu_offload'] else 'CPU only (no GPU offload in this build)'}")
+    cpu = report["cpu"]
+    echo(f"cpu: {cpu['model']}, {cpu['count']} logical CPUs")
+    echo(f"  reports:   {' '.join(cpu['reports']) or '(no x86 flags read)'}")
+    amx = report["amx"]
+    echo(f"  AMX:       {'compiled in' if amx['compiled'] else 'not compiled in'}, "
+         f"{'reported' if amx['reported_by_cpu'] else 'not reported'} by the CPU")
+    threads = result.threads
+    if threads:
+        one = ", ".join(f"{n} thread{'s' if n != '1' else ''}: {ms:.1f} ms"
+                        for n, ms in threads.get("one_token_ms", {}).items())
+        echo(f"threads: llama-cpp-python defaults n_threads={threads['n_threads']} (one-token decodes), "
+             f"n_threads_batch={threads['n_threads_batch']}; one-token decode at {one}")
+    echo(f"model: {result.model}" + (f" ({result.model_desc})" if result.model_desc else ""))
+    if result.ok:
+        t = result.timings_ms
+        curve = ", ".join(f"t({n}) {t[n]:.1f} ms" for n in ("1", "8", "64") if n in t)
+        ratio = f"; t(64)/t(1) = {t['64'] / t['1']:.1f}" if "1" in t and "64" in t and t["1"] > 0 else ""
+        echo(f"batched decodes: OK. {curve}{ratio}")
+    else:
+        echo("batched decodes: FAILED")
+        echo(result.cause)
+        if result.error:
+            echo("child's last output:\n  " + result.error.replace("\n", "\n  "))
+
+
+def _gpu_offload() -> bool:
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

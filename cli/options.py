@@ -1,0 +1,71 @@
+"""What the `lookahead` commands share: model options, model resolution and loading, exit codes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+THREADS_HELP = ("CPU threads for llama.cpp (one-token and batch decodes). Default: llama-cpp-python's "
+                "(half the CPUs for one-token decodes, all for batches); lookahead then times both counts "
+                "for one-token decodes and keeps the faster.")
+
+
+def model_options(tree_width: bool = True) -> Callable:
+    """--model, --n-ctx, --threads, --gpu-layers (and --tree-width), in this order in --help."""
+    options = [
+        click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct."),
+        click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
+                     help="Context window in tokens (prompt + output)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP),
+        click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
+                     help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
+    ]
+    if tree_width:
+        options.append(click.option(
+            "--tree-width", type=click.IntRange(1, 8), default=1, show_default=True,
+            help="Branches one decode may verify where earlier occurrences continue differently "
+                 "(llama.cpp sequence ids). The cost model uses them only when a wider batch pays: "
+                 "rarely on a CPU, more on a GPU."))
+
+    def decorate(f):
+        for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def resolve_model(model_path: Path | None) -> Path:
+    """The GGUF to use: `model_path` checked, or the embedded default; BadParameter otherwise."""
+    from lookahead.models import ModelError, check_gguf, default_model_path
+
+    try:
+        return check_gguf(model_path) if model_path is not None else default_model_path()
+    except ModelError as e:
+        raise click.BadParameter(str(e), param_hint="--model") from None
+
+
+def llama_settings(n_ctx: int, threads: int | None, gpu_layers: int) -> dict[str, Any]:
+    """llama_cpp.Llama keyword arguments for the model options (threads: None = its defaults)."""
+    settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=False)
+    if threads is not None:
+        settings.update(n_threads=threads, n_threads_batch=threads)
+    return settings
+
+
+def load_wrapped(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: int,
+                 tree_width: int = 1, **wrapper: Any):
+    """Resolve the model and load it wrapped (lookahead.load); ClickException if that fails."""
+    import lookahead
+    from lookahead.adapters.health import BackendCrash
+
+    path = resolve_model(model_path)
+    try:
+        return lookahead.load(path, tree_width=tree_width, **llama_settings(n_ctx, threads, gpu_layers), **wrapper)
+    except BackendCrash as e:
+        raise click.ClickException(str(e)) from None
+    except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
+        raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None

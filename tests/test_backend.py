@@ -1,0 +1,148 @@
+"""The llama.cpp build must run on this machine: batched decodes in a child process, crash reports,
+the CPU-feature probe of the set-up, and `lookahead doctor`."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from lookahead import cache
+from lookahead.adapters import cmake_args, health
+
+
+@pytest.fixture()
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOOKAHEAD_NO_CACHE", raising=False)
+    monkeypatch.delenv("LOOKAHEAD_NO_HEALTH_CHECK", raising=False)
+    return tmp_path / "cache"
+
+
+@pytest.mark.model
+def test_batched_decodes_run_in_a_child_process(model_path):
+    """A batched decode of the embedded model, in a subprocess: a crash is a failure with its cause."""
+    result = health.probe(model_path, context_tokens=64, reps=1)
+    if result.signal is not None:
+        pytest.fail(f"batched decodes crash on this machine:\n{result.cause}\n{result.error}")
+    assert result.ok, result.cause
+    assert set(result.timings_ms) == {"1", "8", "64"}
+    assert all(ms > 0 for ms in result.timings_ms.values())
+    assert result.model_desc  # the child read the model
+
+
+def test_a_child_killed_by_a_signal_is_reported_with_its_stage_and_a_fix():
+    crash = [sys.executable, "-c",
+             "import os, signal; print('stage: decode 8', flush=True); os.kill(os.getpid(), signal.SIGSEGV)"]
+    result = health.probe("model.gguf", command=crash)
+    assert not result.ok
+    assert result.signal == "SIGSEGV"
+    assert result.stage == "decode 8"
+    assert "killed the process with SIGSEGV at stage 'decode 8'" in result.cause
+    assert "Fix: rebuild llama-cpp-python" in result.cause
+
+
+def test_a_child_that_fails_without_a_signal_gives_its_error():
+    failing = [sys.executable, "-c", "import sys; print('stage: load'); sys.exit('no such model: x.gguf')"]
+    result = health.probe("x.gguf", command=failing)
+    assert not result.ok and result.signal is None and result.returncode == 1
+    assert "no such model: x.gguf" in result.cause
+
+
+def test_a_known_crashing_build_raises_a_clear_error_before_any_decode(tmp_cache, monkeypatch):
+    monkeypatch.setattr(health, "amx_compiled", lambda info=None: True)
+    monkeypatch.setattr(health, "build_identity", lambda: "build-x")
+    cache.put(health.CACHE_KIND, "build-x", {"ok": False, "cause": "AMX compiled in; this VM faults on it"})
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the cached answer must be used, not a new child")
+
+    monkeypatch.setattr(health, "probe", no_child)
+    with pytest.raises(health.BackendCrash, match="AMX compiled in"):
+        health.ensure_batched_decodes("model.gguf")
+    cache.put(health.CACHE_KIND, "build-x", {"ok": True, "cause": ""})
+    health.ensure_batched_decodes("model.gguf")  # a build that passed: no error, no child
+
+
+def test_the_check_runs_once_per_build_and_caches_a_crash(tmp_cache, monkeypatch):
+    monkeypatch.setattr(health, "amx_compiled", lambda info=None: True)
+    monkeypatch.setattr(health, "build_identity", lambda: "build-y")
+    calls = []
+
+    def crashing_probe(model_path, **kwargs):
+        calls.append(model_path)
+        return health.ProbeResult(ok=False, model=str(model_path), stage="prefill", signal="SIGILL",
+                                  returncode=-4, cause="killed with SIGILL")
+
+    monkeypatch.setattr(health, "probe", crashing_probe)
+    for _ in range(2):
+        with pytest.raises(health.BackendCrash, match="SIGILL"):
+            health.ensure_batched_decodes("m.gguf")
+    assert calls == ["m.gguf"]
+
+
+def test_builds_without_amx_are_not_probed(tmp_cache, monkeypatch):
+    monkeypatch.setattr(health, "amx_compiled", lambda info=None: False)
+    monkeypatch.setattr(health, "probe", lambda *a, **k: pytest.fail("probed a build without AMX"))
+    health.ensure_batched_decodes("m.gguf")
+
+
+def test_the_installed_build_has_no_amx():
+    """scripts/setup.sh never compiles AMX in (opt in with CMAKE_ARGS)."""
+    info = health.system_info()
+    assert info, "llama_print_system_info gave nothing"
+    assert info.get("AMX_INT8", "0") == "0", f"AMX compiled in: {info}"
+
+
+# ---- the set-up's CPU probe ------------------------------------------------------------------------
+def test_cmake_args_turn_on_only_what_runs_and_never_amx(monkeypatch):
+    failing = {"GGML_AVX512"}
+    monkeypatch.setattr(cmake_args.platform, "machine", lambda: "x86_64")
+    bodies = {body: option for option, _, _, body in cmake_args.X86_FEATURES}
+
+    def fake_runs(cc, flags, body, workdir):
+        return (bodies[body] not in failing, "the probe died by signal 4")
+
+    monkeypatch.setattr(cmake_args, "_runs", fake_runs)
+    args = cmake_args.cmake_args()
+    assert "-DGGML_NATIVE=OFF" in args
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(args)
+    assert "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args
+    # everything that needs AVX-512 goes with it
+    for option in ("GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"):
+        assert f"-D{option}=OFF" in args
+
+
+def test_cmake_args_probe_really_executes_on_this_cpu():
+    """The real probe: on x86-64, AVX (which every x86-64 CPU of the last decade has) compiles and
+    runs; elsewhere llama.cpp's native build is kept."""
+    args = cmake_args.cmake_args()
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "-DGGML_AVX=ON" in args and "-DGGML_NATIVE=OFF" in args
+    else:
+        assert not any(a.startswith("-DGGML_NATIVE") for a in args)
+    assert "-DLLAVA_BUILD=OFF" in args
+
+
+# ---- lookahead doctor --------------------------------------------------------------------------------
+@pytest.mark.model
+def test_doctor_reports_the_build_and_the_curve():
+    from lookahead.cli.main import main
+
+    result = CliRunner().invoke(main, ["doctor", "--json", "--context", "64"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["check"]["ok"] is True
+    assert set(report["check"]["timings_ms"]) == {"1", "8", "64"}
+    assert report["amx"]["compiled"] is False
+    assert report["llama_cpp_python"] == "0.3.36"
+
+
+def test_doctor_names_a_missing_model(tmp_path):
+    from lookahead.cli.main import main
+
+    result = CliRunner().invoke(main, ["doctor", "--model", str(tmp_path / "nope.gguf")])
+    assert result.exit_code == 2
+    assert "model file not found" in result.output and "nope.gguf" in result.output
