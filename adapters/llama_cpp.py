@@ -17,11 +17,16 @@ It drives the context of an existing `llama_cpp.Llama` directly:
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
+
+from lookahead.api import Lookahead
+from lookahead.drafter import CostModel
+from lookahead.models import check_gguf, default_model_path
 
 if TYPE_CHECKING:  # pragma: no cover
     import llama_cpp
@@ -37,6 +42,122 @@ MAX_TREE_WIDTH = 8  # branches of one tree draft, at most (= sequence ids used)
 
 # Thread count chosen for one-token decodes, per Llama (measured once, in its first request).
 _TUNED_THREADS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+# The verify-cost curve belongs to the model and machine, not to one wrapper: every wrapper
+# of the same Llama shares it, so it is measured once.
+_COST_MODELS: "weakref.WeakKeyDictionary[Any, CostModel]" = weakref.WeakKeyDictionary()
+
+
+def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
+         threads: int | str = "auto", observer=None) -> Lookahead:
+    """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding.
+
+    `threads`: threads of one-token decodes. "auto" times the Llama's `n_threads` against its
+    `n_threads_batch` once and keeps the faster (llama-cpp-python's default is half the CPUs,
+    slow where they are not SMT siblings); "keep" uses the Llama's own; an int that many.
+    Outputs do not depend on it; the Llama's settings are restored after each request.
+    """
+    target = LlamaCppTarget(llm, threads=threads)
+    cost = _COST_MODELS.get(llm)
+    if cost is None or cost.max_batch != target.max_batch:
+        cost = CostModel(max_batch=target.max_batch)
+        _COST_MODELS[llm] = cost
+    return Lookahead(target, speculate=speculate, max_draft=max_draft, calibrate=calibrate, cost=cost,
+                     observer=observer)
+
+
+def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
+         verbose: bool = False, speculate: bool = True, max_draft: int = 64, tree_width: int = 1,
+         threads: int | str = "auto", **llama_kwargs: Any) -> Lookahead:
+    """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) and wrap it.
+
+    `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
+    `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
+    so that drafts may branch where the index's occurrences disagree (each decode verifies
+    up to `tree_width` branches; the cost model decides when a wider batch pays). A plain
+    `llama_cpp.Llama` has one sequence: `wrap` then drafts chains only.
+    """
+    if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise ValueError(f"tree_width must be an integer in 1..{MAX_TREE_WIDTH}, got {tree_width!r}")
+    path = check_gguf(model_path if model_path is not None else default_model_path())
+    llama_cpp = _lib()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
+    if tree_width > 1:
+        enable_tree_drafts(llm, tree_width)
+    return wrap(llm, speculate=speculate, max_draft=max_draft, threads=threads)
+
+
+def llama_threads(llm: "llama_cpp.Llama") -> tuple[int, int]:
+    """The context's (one-token decode threads, batch threads) right now."""
+    lib = _lib()
+    return int(lib.llama_n_threads(llm._ctx.ctx)), int(lib.llama_n_threads_batch(llm._ctx.ctx))
+
+
+def sequence_ends(llm: "llama_cpp.Llama", seqs: Sequence[int]) -> list[int]:
+    """Highest KV position held by each sequence id (-1: the sequence is empty)."""
+    lib = _lib()
+    memory = lib.llama_get_memory(llm._ctx.ctx)
+    return [int(lib.llama_memory_seq_pos_max(memory, s)) for s in seqs]
+
+
+QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+
+
+def quantize_model(source: str | os.PathLike, destination: str | os.PathLike, fmt: str,
+                   threads: int | None = None) -> None:
+    """Write `source` re-quantized to `fmt` (e.g. "Q8_0") at `destination`, atomically.
+
+    llama.cpp's own quantizer (`llama_model_quantize`), allowed to re-quantize an already
+    quantized file: the result carries the source's rounding plus its own.
+    """
+    if fmt not in QUANT_TYPES:
+        raise ValueError(f"unknown quantization {fmt!r}; one of {', '.join(QUANT_TYPES)}")
+    lib = _lib()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[fmt]
+    params.allow_requantize = True
+    params.nthread = int(threads or os.cpu_count() or 1)
+    tmp = f"{destination}.part"
+    rc = lib.llama_model_quantize(os.fsencode(str(source)), os.fsencode(tmp), ctypes.byref(params))
+    if rc != 0:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise RuntimeError(f"llama_model_quantize({str(source)!r} -> {fmt}) failed with code {rc}")
+    os.replace(tmp, destination)
+
+
+def perplexity(llm: "llama_cpp.Llama", tokens: Sequence[int], window: int = 512) -> float:
+    """exp(mean negative log-likelihood) of `tokens` under the model, in windows of `window`.
+
+    Each window is decoded from an empty cache with logits on every row; token i + 1 is scored
+    by row i. A quality measure for comparing quantizations of one model on the same text.
+    """
+    target = LlamaCppTarget(llm, threads="keep")
+    nll, count = 0.0, 0
+    window = min(window, target.max_batch, target.n_ctx)
+    for start in range(0, len(tokens) - 1, window):
+        chunk = [int(t) for t in tokens[start: start + window]]
+        if len(chunk) < 2:
+            break
+        clear_kv_cache(llm)
+        target.n_past = 0
+        rows = np.array(target.decode(chunk, len(chunk)), dtype=np.float64)  # [len(chunk), n_vocab]
+        rows -= rows.max(axis=1, keepdims=True)
+        log_z = np.log(np.exp(rows).sum(axis=1))
+        picked = rows[np.arange(len(chunk) - 1), chunk[1:]]
+        nll += float((log_z[:-1] - picked).sum())
+        count += len(chunk) - 1
+    clear_kv_cache(llm)
+    if count == 0:
+        raise ValueError("perplexity needs at least 2 tokens")
+    return float(np.exp(nll / count))
+
+
+def clear_kv_cache(llm: "llama_cpp.Llama") -> None:
+    """Empty the Llama's KV cache and prompt bookkeeping: its next request prefills everything."""
+    llm.reset()
+    llm._ctx.kv_cache_clear()
 
 
 def enable_tree_drafts(llm: "llama_cpp.Llama", width: int = 4) -> "llama_cpp.Llama":
@@ -110,6 +231,28 @@ class LlamaCppTarget:
             except Exception:  # interpreter shutdown: the library may be gone
                 pass
             self._batch = None
+
+    # ---- what the wrapper asks of a backend -------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.llm, "model_path", ""))
+
+    @property
+    def penalty_last_n(self) -> int:
+        """Tokens the repeat/frequency/presence penalties look back on (the Llama's setting)."""
+        return int(getattr(self.llm, "last_n_tokens_size", 64))
+
+    def chat_completion(self, complete: Callable[..., Any], messages: list[dict], **kwargs: Any):
+        """llama-cpp-python's own create_chat_completion, with `complete` as its completion call.
+
+        The Llama's method runs with a proxy as `self`: the same defaults, chat handler and
+        template, stop tokens and chunk conversion; only its create_completion is the wrapper's.
+        """
+        return type(self.llm).create_chat_completion(_CompletionProxy(self.llm, complete), messages, **kwargs)
+
+    def plain_completion(self, **kwargs: Any):
+        """The Llama's own create_completion (for arguments the engine does not implement)."""
+        return self.llm.create_completion(**kwargs)
 
     # ---- tokens and text ---------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
@@ -376,3 +519,19 @@ class LlamaCppTarget:
             out[n] = 1000 * (time.perf_counter() - t0)
             self.rollback(base)
         return out
+
+
+class _CompletionProxy:
+    """Looks like the Llama to a chat handler, but completes through `complete`."""
+
+    def __init__(self, llm: Any, complete: Callable[..., Any]):
+        self._llm = llm
+        self._complete = complete
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def create_completion(self, *args: Any, **kwargs: Any):
+        return self._complete(*args, **kwargs)
+
+    __call__ = create_completion

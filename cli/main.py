@@ -11,31 +11,7 @@ from typing import Any, Iterator
 
 import click
 
-from lookahead.models import ModelError, check_gguf, default_model_path
-
-EXIT_INTERRUPTED = 130
-
-
-# ---- shared options ---------------------------------------------------------------------
-def _model_options(f):
-    options = [
-        click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                         help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1."),
-        click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
-                         help="Context window in tokens (prompt + output)."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                         help="CPU threads for llama.cpp. Default: all cores."),
-        click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
-                         help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
-        click.option("--tree-width", type=click.IntRange(1, 8), default=1, show_default=True,
-                         help="Branches one decode may verify where earlier occurrences continue "
-                              "differently (llama.cpp sequence ids). The cost model uses them only "
-                              "when a wider batch pays: rarely on a CPU, more on a GPU."),
-    ]
-    for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
-        f = option(f)
-    return f
-
+from .options import EXIT_INTERRUPTED, load_wrapped, model_options
 
 def _sampling_options(f):
     options = [
@@ -63,22 +39,6 @@ def _sampling_options(f):
     for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
         f = option(f)
     return f
-
-
-def _load(model_path: Path | None, n_ctx: int, threads: int | None, gpu_layers: int, max_draft: int, speculate: bool,
-          tree_width: int = 1):
-    import lookahead
-
-    try:
-        path = check_gguf(model_path) if model_path is not None else default_model_path()
-    except ModelError as e:
-        raise click.BadParameter(str(e), param_hint="--model") from None
-    threads = threads or os.cpu_count() or 1
-    try:
-        return lookahead.load(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers,
-                              speculate=speculate, max_draft=max_draft, tree_width=tree_width)
-    except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
-        raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
 
 
 def _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> dict[str, Any]:
@@ -164,7 +124,7 @@ def main() -> None:
 @click.option("--reference", "references", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="A text file whose passages the output may copy (repeatable).")
 @_sampling_options
-@_model_options
+@model_options()
 def generate(prompt, prompt_file, mode, system, references, temperature, top_k, top_p, min_p, repeat_penalty,
              seed, max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads,
              gpu_layers, tree_width):
@@ -183,7 +143,8 @@ def generate(prompt, prompt_file, mode, system, references, temperature, top_k, 
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
     ref_texts = [read_text_file(p) for p in references]
-    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate, tree_width)
+    fast = load_wrapped(model_path, n_ctx, threads, gpu_layers, tree_width,
+                        max_draft=max_draft, speculate=not no_speculate)
     if mode == "auto":
         mode = "chat" if fast.llm.metadata.get("tokenizer.chat_template") else "raw"
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
@@ -263,7 +224,7 @@ def strip_fences(text: str) -> str:
               help="Write the result here (atomically, once complete). Default: stream to stdout.")
 @click.option("--in-place", is_flag=True, help="Replace FILE with the result (atomically, once complete).")
 @_sampling_options
-@_model_options
+@model_options()
 def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_p, repeat_penalty, seed,
             max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads, gpu_layers,
             tree_width):
@@ -279,9 +240,10 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
         raise click.BadParameter("the instruction is empty", param_hint="--instruction")
     text = read_text_file(file)
     destination = file if in_place else output
-    fast = _load(model_path, n_ctx, threads, gpu_layers, max_draft, not no_speculate, tree_width)
+    fast = load_wrapped(model_path, n_ctx, threads, gpu_layers, tree_width,
+                        max_draft=max_draft, speculate=not no_speculate)
     messages = build_rewrite_messages(text, instruction, file.name)
-    n_doc = len(fast.target.tokenize(text, add_bos=False, special=False))
+    n_doc = len(fast.tokenize(text))
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
     kwargs.update(max_tokens=max_tokens or 2 * n_doc + 64, references=[text], stream=True)
     progress = _Progress(enabled=destination is not None and not as_json)

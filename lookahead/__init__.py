@@ -7,10 +7,12 @@
 
     fast = lookahead.load()               # the embedded SmolLM2-135M-Instruct, or load(path)
 
-The core (index, drafter, sampling, verify, engine) imports numpy only; the llama.cpp
-binding lives in lookahead.adapters.
+The core (index, drafter, sampling, verify, pipeline, engine, api) imports numpy only and
+works with any `lookahead.engine.Target`; the llama.cpp binding, and `wrap`/`load` that build
+on it, live in lookahead.adapters.llama_cpp (imported here, lazily importing llama_cpp).
 """
-from .api import Lookahead, load, wrap
+from .api import Lookahead
+from lookahead.adapters.llama_cpp import load, wrap
 from .drafter import CostModel, Drafter
 from .index import SuffixIndex
 from .sampling import SamplingParams

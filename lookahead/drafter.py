@@ -175,6 +175,7 @@ class Draft:
     # A tree: parents[j] is the node that token j follows (-1: the last emitted token), in
     # topological order. None: a chain (token j follows token j - 1).
     parents: tuple[int, ...] | None = None
+    source: int = CONTEXT  # index source of the preferred occurrence (stats per reference)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -244,7 +245,7 @@ class Drafter:
         k, expected = best_length(rates * agreement, self.cost.curve(), self.min_gain)
         if k == 0:
             return EMPTY_DRAFT
-        return Draft(tokens[:k], match.length, from_reference, expected)
+        return Draft(tokens[:k], match.length, from_reference, expected, source=match.positions[0][0])
 
     def _propose_tree(self, index: SuffixIndex, match: Match, limit: int) -> Draft:
         """Best-first tree over the occurrences' continuations, sized by the cost curve.
@@ -301,7 +302,8 @@ class Drafter:
         chosen_parents = tuple(parents[:best_n])
         if all(p == i - 1 for i, p in enumerate(chosen_parents)):
             chosen_parents = None  # a chain: verified and rolled back like a linear draft
-        return Draft(tokens[:best_n], match.length, from_reference, best_expected, chosen_parents)
+        return Draft(tokens[:best_n], match.length, from_reference, best_expected, chosen_parents,
+                     source=match.positions[0][0])
 
     def record(self, draft: Draft, accepted: int, path: list[int] | None = None) -> None:
         """The verifier accepted `accepted` tokens (for a tree: the nodes in `path`)."""

@@ -15,10 +15,10 @@ from typing import Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from .drafter import EMPTY_DRAFT, Drafter
-from .index import SuffixIndex
+from .index import CONTEXT, SuffixIndex
 from .sampling import SamplingParams
 from .stats import SpeculationStats
-from .verify import Verdict, verify_draft, verify_tree
+from .verify import Verdict, verify_draft, verify_draft_with_probs, verify_tree
 
 
 class Target(Protocol):
@@ -64,8 +64,16 @@ def generate_tokens(
     index: SuffixIndex,
     stats: SpeculationStats,
     observer: Callable[[np.ndarray, Sequence[int], Verdict], None] | None = None,
-) -> Iterator[int]:
+    with_rows: bool = False,
+) -> Iterator[int] | Iterator[tuple[int, np.ndarray]]:
     """Yield generated tokens one at a time, distributed exactly as plain sampling.
+
+    `drafter`: anything with `propose(index, limit, tree) -> Draft` and `record(draft,
+    accepted, path)` (lookahead.drafter.Drafter, or a caller's own); None for plain decoding.
+    A draft that carries `probs` (a [k, n_vocab] array: the distribution each token was drawn
+    from, e.g. by a draft model) is verified with the speculative-sampling rule instead of
+    the point-mass one. A drafter with a `cost` (CostModel) has it fed with the measured
+    verify times.
 
     `index` must already hold the caller's references; the prompt and every emitted token
     are appended to its running context here. The consumer may stop iterating at any time
@@ -73,7 +81,8 @@ def generate_tokens(
     given, sees every step's (logits rows, draft, verdict) before the rows are reused: tests
     use it to check each emitted token against the logits the verifier saw. (For a tree draft
     `rows` are re-indexed along the accepted path: rows[i] is the row emitted token i came from;
-    `draft` is the whole tree's tokens.)
+    `draft` is the whole tree's tokens.) `with_rows`: yield (token, logits row it was sampled
+    from) instead; the row is a view, valid until the generator resumes.
     """
     if len(prompt) == 0:
         raise ValueError("the prompt must hold at least one token")
@@ -104,10 +113,14 @@ def generate_tokens(
                      else EMPTY_DRAFT)
             t1 = time.perf_counter()
             recent = generated if params.uses_penalties else ()
+            draft_probs = getattr(draft, "probs", None)
             if draft.parents is None:
                 rows = target.decode([*pending, *draft.tokens], len(draft) + 1)  # [k + 1, n_vocab]
                 t2 = time.perf_counter()
-                verdict = verify_draft(rows, draft.tokens, params, rng, recent)
+                if draft_probs is None:
+                    verdict = verify_draft(rows, draft.tokens, params, rng, recent)
+                else:  # drawn from a distribution: accept with min(1, p/q), resample the residual
+                    verdict = verify_draft_with_probs(rows, draft.tokens, draft_probs, params, rng, recent)
             else:  # a tree: branches verified in one decode (sequence ids), one path kept
                 rows = target.decode_tree(pending[0], draft.tokens, draft.parents)  # [n + 1, n_vocab]
                 t2 = time.perf_counter()
@@ -122,11 +135,13 @@ def generate_tokens(
             kv_tokens.extend(verdict.tokens[: verdict.accepted])
             if draft.parents is None and verdict.accepted < len(draft):
                 target.rollback(len(kv_tokens))
+            cost = getattr(drafter, "cost", None)
             if drafter is not None:
                 drafter.record(draft, verdict.accepted, verdict.path)
-                if len(pending) == 1:
-                    drafter.cost.observe(len(draft) + 1, 1000 * (t2 - t1))
-            stats.record_step(len(draft), verdict.accepted, len(verdict.tokens))
+                if cost is not None and len(pending) == 1:
+                    cost.observe(len(draft) + 1, 1000 * (t2 - t1))
+            stats.record_step(len(draft), verdict.accepted, len(verdict.tokens),
+                              source=getattr(draft, "source", CONTEXT))
             stats.propose_ms += 1000 * (t1 - t0)
             stats.verify_ms += 1000 * (t2 - t1)
             stats.sample_ms += 1000 * (t3 - t2)
@@ -140,20 +155,20 @@ def generate_tokens(
                     tune()
                     stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
                 stats.decode_threads = getattr(target, "decode_threads", None)
-            if drafter is not None and drafter.cost.needs_calibration:
+            if cost is not None and cost.needs_calibration:
                 # Time decodes of each size once, here: after the prompt, where the attention
                 # cost is that of real requests (a decode of n tokens at position 0 is much
                 # cheaper than at position 600). Then the KV cache is cut back.
-                drafter.cost.needs_calibration = False
+                cost.needs_calibration = False
                 t_cal = time.perf_counter()
-                for n_tokens, ms in target.calibrate(drafter.cost.calibration_sizes).items():
-                    drafter.cost.observe(n_tokens, ms)
+                for n_tokens, ms in target.calibrate(cost.calibration_sizes).items():
+                    cost.observe(n_tokens, ms)
                 stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
-            for token in verdict.tokens:
+            for i, token in enumerate(verdict.tokens):
                 if len(generated) >= max_new_tokens:
                     break
                 generated.append(token)
-                yield token
+                yield (token, rows[i]) if with_rows else token
     finally:
         target.end(kv_tokens)
         stats.total_ms = 1000 * (time.perf_counter() - t_start)

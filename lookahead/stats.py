@@ -16,6 +16,12 @@ class SpeculationStats:
     drafted: int = 0  # draft tokens sent to the target
     accepted: int = 0  # draft tokens the verifier accepted
     accept_histogram: dict[int, int] = field(default_factory=dict)  # accepted per drafted step -> steps
+    # Per index source (0: the running context, 1..: references in registration order):
+    # [drafted, accepted] of the drafts whose match came from it.
+    by_source: dict[int, list[int]] = field(default_factory=dict)
+    # The request's `prediction` reference (OpenAI's Predicted Outputs): its drafted / accepted.
+    prediction_drafted: int = 0
+    prediction_accepted: int = 0
     prefill_ms: float = 0.0
     propose_ms: float = 0.0  # index queries + drafting decisions
     verify_ms: float = 0.0  # target decodes of [last token + draft]
@@ -25,7 +31,7 @@ class SpeculationStats:
     total_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
 
-    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, emitted: int, source: int = 0) -> None:
         self.target_passes += 1
         self.generated_tokens += emitted
         if drafted:
@@ -33,6 +39,9 @@ class SpeculationStats:
             self.drafted += drafted
             self.accepted += accepted
             self.accept_histogram[accepted] = self.accept_histogram.get(accepted, 0) + 1
+            counts = self.by_source.setdefault(int(source), [0, 0])
+            counts[0] += drafted
+            counts[1] += accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,6 +62,7 @@ class SpeculationStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["accept_histogram"] = {str(k): v for k, v in sorted(self.accept_histogram.items())}
+        out["by_source"] = {str(k): list(v) for k, v in sorted(self.by_source.items())}
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
         out["tokens_per_second"] = round(self.tokens_per_second, 2)

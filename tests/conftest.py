@@ -44,8 +44,9 @@ def flat_cost_model(max_batch: int):
 @pytest.fixture()
 def fresh(llm):
     """The Llama with its KV cache emptied, so a run does not depend on earlier tests."""
-    llm.reset()
-    llm._ctx.kv_cache_clear()
+    from lookahead.adapters.llama_cpp import clear_kv_cache
+
+    clear_kv_cache(llm)
     return llm
 
 

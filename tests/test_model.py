@@ -17,6 +17,7 @@ import pytest
 
 import lookahead
 from conftest import SAMPLES, StepRecorder
+from lookahead.adapters.llama_cpp import clear_kv_cache, llama_threads, sequence_ends
 
 NEAR_TIE_GAP = 1.0  # logits; batched-vs-single decode differences measured here stay below it
 
@@ -62,8 +63,7 @@ def test_plain_path_is_llama_cpp_python(fresh, name):
     """speculate=False through our engine gives llama-cpp-python's own greedy output, exactly."""
     prompt = PROMPTS[name]
     expected = fresh.create_completion(prompt, max_tokens=60, temperature=0)
-    fresh.reset()
-    fresh._ctx.kv_cache_clear()
+    clear_kv_cache(fresh)
     ours = lookahead.wrap(fresh, speculate=False).create_completion(prompt, max_tokens=60, temperature=0)
     assert ours["choices"][0]["text"] == expected["choices"][0]["text"]
     assert ours["usage"] == expected["usage"]
@@ -81,11 +81,13 @@ def test_greedy_speculation_equals_plain(eager, name):
     assert spec_rec.tokens == spec_rec.argmax
     assert plain_rec.tokens == plain_rec.argmax
 
-    a, b = plain_rec.tokens[:n_plain], spec_rec.tokens[:n_spec]
+    # The tokens chosen (an end-of-generation token included), up to the longer completion.
+    n = max(n_plain, n_spec) + 1
+    a, b = plain_rec.tokens[:n], spec_rec.tokens[:n]
     diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if diverge is None:
-        assert len(a) == len(b) or (a[: len(b)] == b or b[: len(a)] == a)
         assert spec["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert spec["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
     else:
         gap = plain_rec.gap[diverge]
         print(f"\n[{name}] outputs differ at token {diverge}: plain top-2 gap {gap:.4f} logits "
@@ -120,9 +122,9 @@ def test_sampling_matches_plain_distribution(eager, fresh):
     for seed in range(n_runs):
         recorder = StepRecorder()
         eager.observer = recorder
-        eager.create_completion(prompt, max_tokens=n_pos, temperature=1.0, seed=seed)
+        out = eager.create_completion(prompt, max_tokens=n_pos, temperature=1.0, seed=seed)
         eager.observer = None
-        drafted += eager.last_stats.drafted
+        drafted += out["speculation"]["drafted"]
         ours.append(recorder.tokens[:n_pos])
         toks = []
         fresh.set_seed(seed)  # generate() samples with the Llama's seed: one stream per run
@@ -239,8 +241,7 @@ def test_mixing_plain_and_lookahead_calls_on_one_llama(fresh):
     assert ours["speculation"]["reused_prompt_tokens"] > 0
     again = fresh.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
     other = fresh.create_completion(PROSE_PROMPT, max_tokens=20, temperature=0)["choices"][0]["text"]
-    fresh.reset()
-    fresh._ctx.kv_cache_clear()
+    clear_kv_cache(fresh)
     other_fresh = fresh.create_completion(PROSE_PROMPT, max_tokens=20, temperature=0)["choices"][0]["text"]
     assert ours["choices"][0]["text"] == first == again
     assert other == other_fresh
@@ -296,12 +297,6 @@ def one_thread_llm(model_path):
     return llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_threads=1, n_threads_batch=2, verbose=False)
 
 
-def _llama_threads(llm) -> tuple[int, int]:
-    import llama_cpp
-
-    return int(llama_cpp.llama_n_threads(llm._ctx.ctx)), int(llama_cpp.llama_n_threads_batch(llm._ctx.ctx))
-
-
 def test_decode_threads_are_measured_restored_and_do_not_change_output(one_thread_llm):
     """threads="auto" picks 1 or 2 by timing, gives the Llama its settings back, same text."""
     from lookahead.adapters.llama_cpp import tuned_threads
@@ -313,14 +308,14 @@ def test_decode_threads_are_measured_restored_and_do_not_change_output(one_threa
     chosen = tuned_threads(llm)
     print(f"\none-token decode threads chosen: {chosen}; calibration {out['speculation']['calibration_ms']:.0f} ms")
     assert chosen in (1, 2) and out["speculation"]["decode_threads"] == chosen
-    assert _llama_threads(llm) == (1, 2)  # restored
+    assert llama_threads(llm) == (1, 2)  # restored
     assert out["choices"][0]["text"] == reference  # thread counts do not change llama.cpp's CPU logits
     forced = lookahead.wrap(llm, threads=2).create_completion(RAG_PROMPT, max_tokens=40, temperature=0,
                                                                 speculate=False)
     assert forced["speculation"]["decode_threads"] == 2 and forced["choices"][0]["text"] == reference
     kept = lookahead.wrap(llm, threads="keep").create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
     assert kept["speculation"]["decode_threads"] == 1
-    assert _llama_threads(llm) == (1, 2)
+    assert llama_threads(llm) == (1, 2)
 
 
 @pytest.mark.parametrize("threads", [0, -1, "fast", 1.5, True])
@@ -352,8 +347,7 @@ def tree_llm(model_path):
 def eager_tree(tree_llm):
     from conftest import flat_cost_model
 
-    tree_llm.reset()
-    tree_llm._ctx.kv_cache_clear()
+    clear_kv_cache(tree_llm)
     fast = lookahead.wrap(tree_llm, calibrate=False)
     fast.cost = flat_cost_model(fast.target.max_batch)
     assert fast.target.tree_width == 4
@@ -381,11 +375,8 @@ def test_tree_drafts_are_exact_and_match_plain(eager_tree, fresh, name):
     else:
         assert plain_rec.gap[diverge] < NEAR_TIE_GAP, f"not a near-tie: gap {plain_rec.gap[diverge]:.3f}"
     # Only sequence 0 is left, holding exactly the tokens the Llama believes it holds.
-    import llama_cpp
-
-    memory = llama_cpp.llama_get_memory(eager_tree.llm._ctx.ctx)
-    assert [llama_cpp.llama_memory_seq_pos_max(memory, s) for s in (1, 2, 3)] == [-1, -1, -1]
-    assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == eager_tree.llm.n_tokens - 1
+    assert sequence_ends(eager_tree.llm, (1, 2, 3)) == [-1, -1, -1]
+    assert sequence_ends(eager_tree.llm, (0,)) == [eager_tree.llm.n_tokens - 1]
 
 
 def test_tree_keeps_the_cache_consistent_across_requests(eager_tree):
@@ -397,8 +388,7 @@ def test_tree_keeps_the_cache_consistent_across_requests(eager_tree):
     warm, warm_rec, n_warm = run(eager_tree, follow_up, speculate=False, max_tokens=30)
     n_prompt = len(eager_tree.target.completion_prompt_tokens(FORK_PROMPT))
     assert warm["speculation"]["reused_prompt_tokens"] > n_prompt  # reused the tree steps' entries
-    eager_tree.llm.reset()
-    eager_tree.llm._ctx.kv_cache_clear()
+    clear_kv_cache(eager_tree.llm)
     cold, cold_rec, n_cold = run(eager_tree, follow_up, speculate=False, max_tokens=30)
     assert cold["speculation"]["reused_prompt_tokens"] == 0
     # The reused entries were computed in tree batches, the cold ones in one prefill: the

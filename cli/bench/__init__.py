@@ -1,0 +1,41 @@
+"""`lookahead bench`: time lookahead against plain decoding and other prompt-lookup methods.
+
+One process, one model, every method on the same workloads, interleaved: for each workload,
+temperature and repetition, each method runs once, and the order of the methods rotates
+from one repetition to the next, so drift in the machine's speed (heat, the other processes)
+falls on all of them alike. Before every timed call the Llama's KV cache is cleared, so each
+method pays its whole prompt prefill: no method profits from a prefix another one left.
+
+Methods:
+* plain          the Llama's own create_chat_completion / create_completion;
+* lookahead      `lookahead.wrap(llm)` with the same call;
+* no-draft       `lookahead.wrap(llm, max_draft=0)`: the same engine and decode threads, never
+                 drafting, so the table shows how much of lookahead's speedup is speculation
+                 (the rest is the one-token decode thread count it measures; see
+                 `lookahead.adapters.llama_cpp`);
+* prompt-lookup  llama-cpp-python's built-in LlamaPromptLookupDecoding (a second Llama built
+                 with `draft_model=`; same model file, n_ctx and threads);
+* server-*       with --llama-server PATH: llama.cpp's server, plain and with its n-gram
+                 speculation (see `LlamaServer`). Run here with a llama-server built from the
+                 llama.cpp vendored in llama-cpp-python 0.3.36's sdist (no CI test: no binary).
+
+All local calls stream: the time between consecutive non-empty chunks gives the
+inter-token latencies for the plot (speculation makes that histogram bimodal).
+
+The pure computations (alpha fit, predicted speedup, geometric mean, summaries) are small
+functions at the top of this module; tests/test_bench.py checks them by hand.
+"""
+from .command import bench
+from .local import LocalMethods, timed_stream
+from .measures import (fit_alpha, geometric_mean, mean_draft_length, predicted_speedup, relative_verify_cost,
+                       resolve_prompt_lookup_calls, rotated, workload_seed)
+from .methods import LOOKAHEAD, NO_DRAFT, PLAIN, PROMPT_LOOKUP
+from .plot import require_matplotlib
+from .summary import Run, summarise, summarise_group, summarise_workload
+from .table import format_table
+from .workloads import load_workloads
+
+__all__ = ["bench", "LocalMethods", "timed_stream", "fit_alpha", "geometric_mean", "mean_draft_length",
+           "predicted_speedup", "relative_verify_cost", "resolve_prompt_lookup_calls", "rotated", "workload_seed",
+           "LOOKAHEAD", "NO_DRAFT", "PLAIN", "PROMPT_LOOKUP", "require_matplotlib", "Run", "summarise",
+           "summarise_group", "summarise_workload", "format_table", "load_workloads"]

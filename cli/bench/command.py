@@ -1,0 +1,112 @@
+"""The `lookahead bench` command: load, run every method interleaved, summarise, print."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..options import EXIT_INTERRUPTED, llama_settings, model_options, resolve_model
+from .methods import DEFAULT_METHODS, LOCAL_METHODS, SERVER_SPEC_TYPES, method_order
+from .plot import plot, require_matplotlib
+from .quant import QUANT_FORMATS, compare_formats, format_formats, quantized_model
+from .run import ModelResult, bench_model
+from .table import format_table
+from .workloads import load_workloads
+
+
+@click.command()
+@click.argument("workloads_file", metavar="WORKLOADS.jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--temperature", "-t", "temperatures", type=click.FloatRange(min=0.0), multiple=True, default=(0.0,),
+              show_default=True, help="Sampling temperature; repeat for several (each is a separate run).")
+@click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Repetitions per workload, method and temperature (the median is kept).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N workloads of each category.")
+@click.option("--category", "categories", multiple=True, help="Only this category (repeatable).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Cap every workload's max_tokens at this (for quick runs).")
+@click.option("--methods", type=click.Choice(LOCAL_METHODS), multiple=True, default=DEFAULT_METHODS,
+              show_default=True, help="Methods to run (repeatable).")
+@click.option("--pld-tokens", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Draft length of llama-cpp-python's LlamaPromptLookupDecoding (num_pred_tokens).")
+@click.option("--llama-server", "llama_server", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="llama.cpp's llama-server binary: also time it plain and with "
+                                 f"--spec-type {' / '.join(SERVER_SPEC_TYPES)}.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with everything instead of the table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a PNG: speedups, acceptance, inter-token latency histograms (needs matplotlib).")
+@model_options(tree_width=False)
+@click.option("--quant", "quants", type=click.Choice(QUANT_FORMATS), multiple=True,
+              help="Also run everything on this quantization of the model (repeatable), made once with "
+                   "llama.cpp's quantizer and kept in lookahead's cache; prints each format's verify-cost "
+                   "curve, perplexity on the sample texts and speedups side by side.")
+def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, methods, pld_tokens, llama_server,
+          as_json, plot_path, model_path, n_ctx, threads, gpu_layers, quants):
+    """Time lookahead against plain decoding and prompt lookup on the workloads in WORKLOADS.jsonl.
+
+    Each line: {"id", "category", "messages": [...] or "prompt": "...", "max_tokens"}.
+    Methods run interleaved in one process on one model, their order rotating every
+    repetition; the KV cache is cleared before every call, so each pays its prefill.
+    Prints a table per category and temperature (speedups are geometric means of plain
+    median / method median; alpha, k and "predicted" come from the i.i.d. acceptance model
+    and the measured verify-cost curve), or everything with --json. Progress goes to stderr.
+
+    \b
+    Examples:
+      lookahead bench samples/workloads.jsonl --plot bench-t0.png
+      lookahead bench samples/workloads.jsonl -t 0 -t 0.7 --json > bench.json
+      lookahead bench samples/workloads.jsonl --limit 1 --reps 1 --max-tokens 32
+    """
+    if plot_path is not None:
+        require_matplotlib()
+    temperatures = list(dict.fromkeys(temperatures))
+    methods = sorted(dict.fromkeys(methods), key=method_order)
+    workloads = load_workloads(workloads_file, categories, limit, max_tokens)
+    path = resolve_model(model_path)
+    log = lambda message: click.echo(message, err=True)
+    if llama_server is None:
+        log("llama-server modes skipped (give --llama-server PATH to time llama.cpp's own n-gram speculation)")
+    llama = llama_settings(n_ctx, threads, gpu_layers)
+    models = [path] + [quantized_model(path, fmt, log) for fmt in dict.fromkeys(quants)]
+    results = []
+    try:
+        for model in models:
+            results.append(bench_model(model, llama, methods, workloads, temperatures, reps, pld_tokens,
+                                       llama_server, log))
+    except KeyboardInterrupt:
+        log("\ninterrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    filters = {"workloads_file": str(workloads_file), "categories": list(categories), "limit": limit,
+               "max_tokens_cap": max_tokens}
+    formats = compare_formats(results, llama, workloads, log) if quants else None
+    first = results[0]
+    if plot_path is not None:
+        plot(plot_path, first.summaries, first.runs)
+        log(f"wrote {plot_path}")
+    if as_json:
+        out = {"config": {**filters, **first.config}, "workloads": first.rows, "summary": first.summaries}
+        if formats is not None:
+            out["formats"] = formats
+            out["models"] = [{"config": r.config, "workloads": r.rows, "summary": r.summaries} for r in results[1:]]
+        click.echo(json.dumps(out, ensure_ascii=False))
+        return
+    for result in results:
+        _print_model(result, len(workloads), llama_server is not None)
+    if formats is not None:
+        click.echo("")
+        click.echo(format_formats(formats))
+
+
+def _print_model(result: ModelResult, n_workloads: int, with_server: bool) -> None:
+    config = result.config
+    threads = config["threads"]
+    click.echo(f"{result.path.name}, n_ctx {config['n_ctx']}, threads {threads['n_threads']}/"
+               f"{threads['n_threads_batch']} (one-token/batch; lookahead's one-token: "
+               f"{threads['lookahead_decode_threads']}), {config['reps']} reps, {n_workloads} workloads; "
+               f"prefix cache {config['prefix_cache']}")
+    click.echo("speedup × = geometric mean over workloads of plain median / method median"
+               + (" (server-plain: over plain, per output token; the server's n-gram modes: over server-plain)"
+                  if with_server else "")
+               + "; acceptance, tokens/pass, alpha, k, predicted: lookahead")
+    click.echo(format_table(result.summaries))

@@ -1,0 +1,98 @@
+"""llama.cpp's own server as a bench method: plain and with its n-gram speculation."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+
+from .summary import Run
+
+
+class LlamaServer:
+    """One llama-server process on 127.0.0.1, plain or with one --spec-type.
+
+    Uses llama.cpp's server API (/health, /completion, /v1/chat/completions, `cache_prompt`,
+    `--spec-type`); run by hand against a llama-server built from the llama.cpp vendored in
+    llama-cpp-python 0.3.36 (CI has no binary, so no test runs this class). Prompt caching is switched off per request (`cache_prompt: false`), so every call pays its
+    prefill, as the local methods do. Requests do not stream: no latencies for the plot.
+    """
+
+    def __init__(self, binary: Path, model_path: Path, n_ctx: int, threads: int, gpu_layers: int,
+                 spec_type: str | None):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.spec_type = spec_type
+        args = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
+                "-c", str(n_ctx), "-t", str(threads), "-ngl", str(gpu_layers)]
+        if spec_type:
+            args += ["--spec-type", spec_type]
+        self.args = args
+        # Its log goes to a file, not a pipe: a pipe read only at exit fills up and stalls a
+        # chatty server.
+        self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                err = self.log.read()[-800:]
+                raise click.ClickException(f"llama-server exited with {self.process.returncode}: "
+                                           f"{' '.join(self.args)}\n{err}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise click.ClickException(f"llama-server not ready after {timeout_s:.0f} s: {' '.join(self.args)}")
+
+    def post(self, route: str, body: dict) -> dict:
+        request = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=3600) as r:
+            return json.loads(r.read())
+
+    def run(self, method: str, workload: dict, temperature: float, seed: int) -> Run:
+        common = {"temperature": temperature, "seed": seed, "cache_prompt": False}
+        t0 = time.perf_counter()
+        if "messages" in workload:
+            out = self.post("/v1/chat/completions",
+                            {"messages": workload["messages"], "max_tokens": workload["max_tokens"], **common})
+            text = out["choices"][0]["message"].get("content") or ""
+        else:
+            out = self.post("/completion", {"prompt": workload["prompt"], "n_predict": workload["max_tokens"], **common})
+            text = out.get("content", "")
+        seconds = time.perf_counter() - t0
+        timings = out.get("timings") or {}
+        run = Run(workload["id"], workload["category"], temperature, -1, method, seconds, text)
+        run.generated_tokens = timings.get("predicted_n")
+        n, decode_ms = timings.get("predicted_n"), timings.get("predicted_ms")
+        if n and n > 1 and decode_ms:  # no stream: the server's own decode time stands in for ttft
+            run.output_tokens = n
+            run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
+        return run
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()

@@ -1,0 +1,77 @@
+"""Workloads: JSONL lines of id, category, messages (or prompt), max_tokens, checked on load."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+
+def load_workloads(path: Path, categories: Sequence[str] = (), limit: int | None = None,
+                   max_tokens_cap: int | None = None) -> list[dict]:
+    """Read a JSONL file of workloads: id, category, messages (or prompt), max_tokens.
+
+    Keeps the given categories (all when none), the first `limit` of each, and caps max_tokens.
+    Raises click.BadParameter naming the line and the field that is wrong.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="WORKLOADS") from None
+    workloads, seen = [], set()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            w = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"{where}: not JSON ({e.msg})", param_hint="WORKLOADS") from None
+        problem = _workload_problem(w)
+        if problem:
+            raise click.BadParameter(f"{where}: {problem}", param_hint="WORKLOADS")
+        if w["id"] in seen:
+            raise click.BadParameter(f"{where}: id {w['id']!r} appears twice", param_hint="WORKLOADS")
+        seen.add(w["id"])
+        workloads.append(w)
+    present = list(dict.fromkeys(w["category"] for w in workloads))
+    unknown = [c for c in categories if c not in present]
+    if unknown:
+        raise click.BadParameter(f"no workload has category {unknown[0]!r}; the file has: {', '.join(present)}",
+                                 param_hint="--category")
+    chosen, per_category = [], {}
+    for w in workloads:
+        if categories and w["category"] not in categories:
+            continue
+        per_category[w["category"]] = per_category.get(w["category"], 0) + 1
+        if limit is not None and per_category[w["category"]] > limit:
+            continue
+        if max_tokens_cap is not None:
+            w = {**w, "max_tokens": min(w["max_tokens"], max_tokens_cap)}
+        chosen.append(w)
+    if not chosen:
+        raise click.BadParameter(f"{str(path)!r} holds no workloads", param_hint="WORKLOADS")
+    return chosen
+
+
+def _workload_problem(w: Any) -> str | None:
+    if not isinstance(w, dict):
+        return f"expected a JSON object, got {type(w).__name__}"
+    for key in ("id", "category"):
+        if not isinstance(w.get(key), str) or not w[key]:
+            return f"{key!r} must be a non-empty string, got {w.get(key)!r}"
+    if not isinstance(w.get("max_tokens"), int) or isinstance(w["max_tokens"], bool) or w["max_tokens"] < 1:
+        return f"'max_tokens' must be an integer >= 1, got {w.get('max_tokens')!r}"
+    has_messages, has_prompt = "messages" in w, "prompt" in w
+    if has_messages == has_prompt:
+        return "give exactly one of 'messages' (a chat) or 'prompt' (a string)"
+    if has_prompt and not isinstance(w["prompt"], str):
+        return f"'prompt' must be a string, got {type(w['prompt']).__name__}"
+    if has_messages:
+        msgs = w["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs):
+            return "'messages' must be a non-empty list of {'role': str, 'content': str}"
+    return None
