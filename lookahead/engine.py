@@ -103,6 +103,8 @@ def generate_tokens(
         pending = [int(t) for t in prompt[n_prefilled:]]
         first_step = True
         while len(generated) < max_new_tokens:
+            if len(kv_tokens) + len(pending) > target.n_ctx:
+                break  # the context is full: the newest token was emitted, it cannot be decoded
             t0 = time.perf_counter()
             room = min(
                 max_new_tokens - len(generated) - 1,  # tokens beyond max_tokens are wasted
