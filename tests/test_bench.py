@@ -244,7 +244,7 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert set(result) == {"config", "workloads", "summary"}
+    assert set(result) == {"config", "workloads", "summary", "runs"}
     config = result["config"]
     assert config["reps"] == 1 and config["n_ctx"] == 1024 and config["methods"] == [PLAIN, LOOKAHEAD]
     assert config["model"].endswith(".gguf") and config["threads"]["n_threads"] >= 1 and config["date"]
@@ -255,14 +255,21 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
         assert set(row["methods"]) == {PLAIN, LOOKAHEAD}
         assert row["methods"][PLAIN]["speedup"] == 1.0
         la = row["methods"][LOOKAHEAD]
-        assert la["median_s"] > 0 and la["speedup"] > 0 and isinstance(la["identical"], bool)
+        assert la["speedup"] == pytest.approx(row["methods"][PLAIN]["median_s"] / la["median_s"], rel=2e-3)
+        assert la["identical"] is (la_text(result, row["id"]) == la_text(result, row["id"], PLAIN))
         assert {"drafted", "accepted", "target_passes", "accept_histogram", "alpha", "k",
                 "predicted_speedup"} <= set(la["speculation"])
+    copy = result["workloads"][0]["methods"][LOOKAHEAD]["speculation"]
+    assert copy["drafted"] > 0 and copy["accepted"] > 0  # copying a text: drafts were made and kept
     assert [s["category"] for s in result["summary"]] == ["edit", "open", "all"]
     overall = result["summary"][-1]
     assert overall["n"] == 2 and LOOKAHEAD in overall["speedup"] and overall["identical"][LOOKAHEAD]["of"] == 2
     assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def la_text(result: dict, workload: str, method: str = LOOKAHEAD) -> str:
+    return next(r["text"] for r in result["runs"] if r["workload"] == workload and r["method"] == method)
 
 
 def test_sampled_speedups_compare_seconds_per_output_token():

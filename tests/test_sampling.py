@@ -280,14 +280,14 @@ def test_large_vocab_defaults():
     assert int(token_ids[np.argmax(probs)]) == int(np.argmax(logits))
 
 
-# --- optional: the real llama.cpp chain, built by llama-cpp-python itself ----------------------
+# --- the real llama.cpp chain, built by llama-cpp-python itself (installed: a missing one fails) ------
 
 def llama_cpp_probs(logits, params, generated):
     """Survivors and probabilities of Llama._init_sampler's chain applied to one logits row."""
     import ctypes
     import types
 
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
     from llama_cpp.llama import Llama
 
     owner = types.SimpleNamespace(_n_vocab=logits.size, last_n_tokens_size=params.penalty_last_n,
@@ -321,7 +321,6 @@ def llama_cpp_probs(logits, params, generated):
     SamplingParams(temperature=0.0, repeat_penalty=1.3),
 ], ids=repr)
 def test_matches_llama_cpp_sampler_chain(params):
-    pytest.importorskip("llama_cpp")
     rng = np.random.default_rng(11)
     for n_vocab, scale in ((12, 2.0), (300, 3.0), (2000, 1.5)):
         for _ in range(5):
@@ -342,7 +341,6 @@ def test_matches_llama_cpp_sampler_chain(params):
 def test_matches_llama_cpp_on_ties_up_to_which_tied_tokens(params):
     # With tied logits at a cutoff, llama.cpp's choice among them is unspecified (std::sort /
     # std::partial_sort); the number kept and the probabilities must still agree.
-    pytest.importorskip("llama_cpp")
     logits = np.zeros(4, dtype=np.float32)
     expected = llama_cpp_probs(logits, params, [])
     token_ids, probs = target_probs(logits, params)

@@ -85,7 +85,8 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
         plot(plot_path, first.summaries, first.runs)
         log(f"wrote {plot_path}")
     if as_json:
-        out = {"config": {**filters, **first.config}, "workloads": first.rows, "summary": first.summaries}
+        out = {"config": {**filters, **first.config}, "workloads": first.rows, "summary": first.summaries,
+               "runs": [run.to_dict() for run in first.runs]}
         if formats is not None:
             out["formats"] = formats
             out["models"] = [{"config": r.config, "workloads": r.rows, "summary": r.summaries} for r in results[1:]]
