@@ -118,9 +118,10 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
     cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
                       str(context_tokens), str(reps)]
     result = ProbeResult(ok=False, model=str(model_path))
+    # The child's timings are for this report only: a short context, not the user's settings.
+    env = {**os.environ, "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "LOOKAHEAD_HEALTH_CHILD": "1"})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         result.error = f"the check did not finish within {timeout:.0f} s"
         result.cause = result.error

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from lookahead import cache
 from lookahead.api import Lookahead
 from lookahead.drafter import CostModel
 from lookahead.models import check_gguf, default_model_path
@@ -47,6 +48,25 @@ _TUNED_THREADS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionar
 _COST_MODELS: "weakref.WeakKeyDictionary[Any, CostModel]" = weakref.WeakKeyDictionary()
 
 
+MEASUREMENTS = "measurements"  # cache kind: verify-cost timings and decode threads per model and machine
+
+
+def measurement_key(llm: "llama_cpp.Llama") -> str:
+    """What one-off measurements depend on: the model file, the build, the CPU, the threads,
+    the batch size and the GPU offload. A change of any of them measures again."""
+    from .health import build_identity
+
+    path = str(getattr(llm, "model_path", ""))
+    try:
+        st = os.stat(path)
+        model = f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
+    except OSError:
+        model = path
+    params = llm.model_params
+    return (f"{model}|threads={llm.n_threads},{llm.n_threads_batch}|n_batch={llm.n_batch}"
+            f"|gpu_layers={getattr(params, 'n_gpu_layers', 0)}|{build_identity()}")
+
+
 def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
          threads: int | str = "auto", observer=None) -> Lookahead:
     """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding.
@@ -60,6 +80,14 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
     cost = _COST_MODELS.get(llm)
     if cost is None or cost.max_batch != target.max_batch:
         cost = CostModel(max_batch=target.max_batch)
+        # Timings measured for this model, build and machine in an earlier process: no
+        # calibration in the first request. Real decodes keep updating the curve (a windowed
+        # median per size), so stale figures are replaced as the request runs.
+        known = cache.get(MEASUREMENTS, target.measurement_key) or {}
+        for n, ms in (known.get("verify_ms") or {}).items():
+            cost.observe(int(n), float(ms))
+        if known.get("decode_threads") and threads == "auto" and llm not in _TUNED_THREADS:
+            _TUNED_THREADS[llm] = int(known["decode_threads"])
         _COST_MODELS[llm] = cost
     return Lookahead(target, speculate=speculate, max_draft=max_draft, calibrate=calibrate, cost=cost,
                      observer=observer)
@@ -222,6 +250,7 @@ class LlamaCppTarget:
         self._tree = None  # (base position, sequence ids per node) between decode_tree and keep_path
         self.threads = threads
         self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
+        self._measurement_key: str | None = None
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -231,6 +260,18 @@ class LlamaCppTarget:
             except Exception:  # interpreter shutdown: the library may be gone
                 pass
             self._batch = None
+
+    @property
+    def measurement_key(self) -> str:
+        if self._measurement_key is None:
+            self._measurement_key = measurement_key(self.llm)
+        return self._measurement_key
+
+    def _remember(self, **values: Any) -> None:
+        """Keep one-off measurements for the next process (lookahead.cache; LOOKAHEAD_NO_CACHE=1: off)."""
+        key = self.measurement_key
+        known = cache.get(MEASUREMENTS, key) or {}
+        cache.put(MEASUREMENTS, key, {**known, **values})
 
     # ---- what the wrapper asks of a backend -------------------------------------------
     @property
@@ -499,6 +540,7 @@ class LlamaCppTarget:
         best = min(medians, key=medians.get)
         chosen = best if medians[best] < 0.97 * medians[own] else own
         _TUNED_THREADS[self.llm] = chosen
+        self._remember(decode_threads=chosen)
         self._lib.llama_set_n_threads(self._ctx, chosen, batch)
         return medians
 
@@ -518,6 +560,8 @@ class LlamaCppTarget:
             self.decode(tokens, n)
             out[n] = 1000 * (time.perf_counter() - t0)
             self.rollback(base)
+        if out:
+            self._remember(verify_ms={str(n): round(ms, 3) for n, ms in out.items()})
         return out
 
 

@@ -191,6 +191,7 @@ class Lookahead:
                   references: Sequence[str | Sequence[int]], prediction: str | Sequence[int] | None,
                   stats: SpeculationStats) -> Iterator[bytes]:
         """Run one request through the engine; yield the bytes that are safe to stream."""
+        t0 = time.perf_counter()
         index = SuffixIndex()
         for ref in [*self._references, *(self._reference_tokens(r) for r in references)]:
             if ref:
@@ -200,6 +201,7 @@ class Lookahead:
             tokens = self._reference_tokens(prediction)
             if tokens:
                 prediction_source = index.add_reference(tokens)
+        stats.index_ms = 1000 * (time.perf_counter() - t0)  # the engine adds the prompt's share
         drafter = None
         if speculate and self.max_draft > 0:
             drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy,

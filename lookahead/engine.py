@@ -95,8 +95,11 @@ def generate_tokens(
     try:
         stats.reused_prompt_tokens, n_prefilled = target.begin(prompt)
         kv_tokens = list(prompt[:n_prefilled])
-        stats.prefill_ms = 1000 * (time.perf_counter() - t_start)
+        t_index = time.perf_counter()
         index.extend(prompt)
+        t_indexed = time.perf_counter()
+        stats.prefill_ms = 1000 * (t_indexed - t_start)
+        stats.index_ms += 1000 * (t_indexed - t_index)
         generated: list[int] = []
         # Tokens to decode in the next pass before the draft: the prompt's last chunk first
         # (so the first pass can already verify a draft), then always the newest token.

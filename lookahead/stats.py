@@ -23,6 +23,7 @@ class SpeculationStats:
     prediction_drafted: int = 0
     prediction_accepted: int = 0
     prefill_ms: float = 0.0
+    index_ms: float = 0.0  # tokenizing and indexing the references, and indexing the prompt
     propose_ms: float = 0.0  # index queries + drafting decisions
     verify_ms: float = 0.0  # target decodes of [last token + draft]
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
@@ -66,7 +67,7 @@ class SpeculationStats:
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
         out["tokens_per_second"] = round(self.tokens_per_second, 2)
-        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms"):
+        for key in ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms"):
             out[key] = round(out[key], 3)
         return out
 

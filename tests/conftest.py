@@ -11,6 +11,20 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The suite's own lookahead cache (measured curves, health checks), not the user's: every
+    run starts from nothing, and the commands the tests start inherit it."""
+    folder = tmp_path_factory.mktemp("lookahead-cache")
+    old = os.environ.get("LOOKAHEAD_CACHE_DIR")
+    os.environ["LOOKAHEAD_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("LOOKAHEAD_CACHE_DIR", None)
+    else:
+        os.environ["LOOKAHEAD_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     from lookahead.models import default_model_path

@@ -400,3 +400,23 @@ def test_tree_keeps_the_cache_consistent_across_requests(eager_tree):
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     else:
         assert cold_rec.gap[diverge] < NEAR_TIE_GAP
+
+
+def test_one_off_measurements_are_kept_for_the_next_process(model_path, tmp_path, monkeypatch):
+    """The verify-cost timings and the decode thread count are measured once per model, build,
+    machine and threads, kept in lookahead's cache, and a new Llama skips both."""
+    import llama_cpp
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    settings = dict(model_path=str(model_path), n_ctx=1024, n_threads=1, n_threads_batch=2, verbose=False)
+    first = lookahead.wrap(llama_cpp.Llama(**settings)).create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
+    assert first["speculation"]["calibration_ms"] > 0
+    assert (tmp_path / "measurements.json").exists()
+    second_wrapper = lookahead.wrap(llama_cpp.Llama(**settings))  # a new Llama: as in a new process
+    second = second_wrapper.create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
+    assert second["speculation"]["calibration_ms"] == 0
+    assert second["speculation"]["decode_threads"] == first["speculation"]["decode_threads"]
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    monkeypatch.setenv("LOOKAHEAD_NO_CACHE", "1")  # the switch: measure again
+    third = lookahead.wrap(llama_cpp.Llama(**settings)).create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
+    assert third["speculation"]["calibration_ms"] > 0
