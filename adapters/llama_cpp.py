@@ -68,15 +68,28 @@ def measurement_key(llm: "llama_cpp.Llama") -> str:
 
 
 def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
-         threads: int | str = "auto", observer=None) -> Lookahead:
+         threads: int | str = "auto", observer=None, prefix_cache_mb: float = 256) -> Lookahead:
     """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding.
+
+    `prefix_cache_mb`: memory for saved KV states of recent prompt prefixes (see
+    `PrefixStates`): a document sent again after another one skips its prefill. 0: off.
 
     `threads`: threads of one-token decodes. "auto" times the Llama's `n_threads` against its
     `n_threads_batch` once and keeps the faster (llama-cpp-python's default is half the CPUs,
     slow where they are not SMT siblings); "keep" uses the Llama's own; an int that many.
     Outputs do not depend on it; the Llama's settings are restored after each request.
     """
+    if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
+        raise ValueError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
     target = LlamaCppTarget(llm, threads=threads)
+    if prefix_cache_mb > 0:
+        states = _PREFIX_STATES.get(llm)
+        if states is None:
+            _PREFIX_STATES[llm] = PrefixStates(int(prefix_cache_mb * 2**20))
+        else:
+            states.max_bytes = int(prefix_cache_mb * 2**20)
+    else:
+        _PREFIX_STATES.pop(llm, None)
     cost = _COST_MODELS.get(llm)
     if cost is None or cost.max_batch != target.max_batch:
         cost = CostModel(max_batch=target.max_batch)
@@ -183,7 +196,11 @@ def perplexity(llm: "llama_cpp.Llama", tokens: Sequence[int], window: int = 512)
 
 
 def clear_kv_cache(llm: "llama_cpp.Llama") -> None:
-    """Empty the Llama's KV cache and prompt bookkeeping: its next request prefills everything."""
+    """Empty the Llama's KV cache, its saved prefix states and prompt bookkeeping: its next
+    request prefills everything."""
+    states = _PREFIX_STATES.get(llm)
+    if states is not None:
+        states.clear()
     llm.reset()
     llm._ctx.kv_cache_clear()
 
@@ -342,12 +359,17 @@ class LlamaCppTarget:
         self._llama_threads = (int(llm.n_threads), int(llm.n_threads_batch))
         self._set_decode_threads(self._chosen_threads())
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
-        keep = 0
-        for a, b in zip(cached, prompt[:-1]):  # always decode the last prompt token again
-            if a != b:
-                break
-            keep += 1
+        keep = _common_prefix(cached, prompt[:-1])  # always decode the last prompt token again
         self._drop_branches()  # of an interrupted tree draft
+        states = _PREFIX_STATES.get(llm)
+        if states is not None:
+            # Keep what is about to be overwritten, and take a saved state that shares more of
+            # this prompt than the cache does (an editor sending one file back after another).
+            if len(cached) - keep >= PrefixStates.MIN_TOKENS:
+                states.save(self._ctx, cached)
+            restored = states.restore_best(self._ctx, self._memory, prompt[:-1], better_than=keep)
+            if restored is not None:
+                cached, keep = restored, _common_prefix(restored, prompt[:-1])
         # seq -1: every sequence; nothing of another request survives past `keep`.
         if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             self._lib.llama_memory_clear(self._memory, True)
@@ -563,6 +585,83 @@ class LlamaCppTarget:
         if out:
             self._remember(verify_ms={str(n): round(ms, 3) for n, ms in out.items()})
         return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixStates:
+    """Recent KV states of sequence 0, keyed by the tokens they hold: a bounded LRU in memory.
+
+    When a request is about to overwrite a long cached prefix (another document), the state is
+    copied out first (llama.cpp's per-sequence state API: the KV cells only); a later request
+    sharing more of its prompt with a saved state than with the live cache gets that state
+    back instead of a prefill. Bounded in bytes; the least recently used state goes first.
+    """
+
+    MIN_TOKENS = 128  # shorter prefixes are cheaper to prefill again than to keep
+
+    def __init__(self, max_bytes: int):
+        from collections import OrderedDict
+
+        self.max_bytes = int(max_bytes)
+        self._entries: "OrderedDict[tuple[int, ...], bytes]" = OrderedDict()
+        self.restored = 0  # times a saved state replaced a prefill (for tests and stats)
+
+    @property
+    def bytes(self) -> int:
+        return sum(len(v) for v in self._entries.values())
+
+    def save(self, ctx: Any, tokens: Sequence[int]) -> None:
+        lib = _lib()
+        key = tuple(int(t) for t in tokens)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        size = int(lib.llama_state_seq_get_size(ctx, 0))
+        if size <= 0 or size > self.max_bytes:
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(lib.llama_state_seq_get_data(ctx, buffer, size, 0))
+        if written <= 0:
+            return
+        self._entries[key] = bytes(buffer)[:written]
+        while self.bytes > self.max_bytes:
+            self._entries.popitem(last=False)
+
+    def restore_best(self, ctx: Any, memory: Any, prompt: Sequence[int], better_than: int) -> list[int] | None:
+        """Load the saved state sharing the longest prefix with `prompt`, if it beats `better_than`
+        by MIN_TOKENS; returns the tokens it holds, or None (the cache is left as it was)."""
+        best, best_len = None, better_than + self.MIN_TOKENS - 1
+        for key in self._entries:
+            n = _common_prefix(key, prompt)
+            if n > best_len:
+                best, best_len = key, n
+        if best is None:
+            return None
+        lib = _lib()
+        data = self._entries[best]
+        self._entries.move_to_end(best)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        lib.llama_memory_seq_rm(memory, -1, -1, -1)
+        if int(lib.llama_state_seq_set_data(ctx, buffer, len(data), 0)) <= 0:
+            lib.llama_memory_clear(memory, True)
+            return []
+        self.restored += 1
+        return list(best)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+# Saved prefix states per Llama (see PrefixStates; wrap(..., prefix_cache_mb=0) turns them off).
+_PREFIX_STATES: "weakref.WeakKeyDictionary[Any, PrefixStates]" = weakref.WeakKeyDictionary()
 
 
 class _CompletionProxy:

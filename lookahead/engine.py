@@ -51,7 +51,8 @@ class Target(Protocol):
     # j) and `keep_path(path)` (keep the root and the accepted nodes, drop the other branches).
 
     # Optional: `tune()`, called once after the first step of every request (the backend's
-    # own one-off measurements, e.g. llama.cpp's thread count), and `decode_threads`.
+    # own one-off measurements, e.g. llama.cpp's thread count; returns what it measured, empty
+    # when nothing was), and `decode_threads`.
 
 
 def generate_tokens(
@@ -157,8 +158,8 @@ def generate_tokens(
                 tune = getattr(target, "tune", None)
                 if tune is not None:  # backend settings measured once (llama.cpp: decode threads)
                     t_cal = time.perf_counter()
-                    tune()
-                    stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
+                    if tune():  # it measured something (else the setting was known already)
+                        stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
                 stats.decode_threads = getattr(target, "decode_threads", None)
             if cost is not None and cost.needs_calibration:
                 # Time decodes of each size once, here: after the prompt, where the attention

@@ -420,3 +420,19 @@ def test_one_off_measurements_are_kept_for_the_next_process(model_path, tmp_path
     monkeypatch.setenv("LOOKAHEAD_NO_CACHE", "1")  # the switch: measure again
     third = lookahead.wrap(llama_cpp.Llama(**settings)).create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
     assert third["speculation"]["calibration_ms"] > 0
+
+
+def test_a_prompt_sent_again_after_another_skips_its_prefill(fresh):
+    """An editor's pattern: file A, then file B, then A again. A's KV state was saved when B
+    overwrote it, and comes back instead of a prefill, with the same output."""
+    fast = lookahead.wrap(fresh, calibrate=False)
+    n_a = len(fast.target.completion_prompt_tokens(EDIT_PROMPT))
+    first = fast.create_completion(EDIT_PROMPT, max_tokens=8, temperature=0)
+    other = fast.create_completion(CODE_PROMPT, max_tokens=8, temperature=0)
+    assert other["speculation"]["reused_prompt_tokens"] < 20  # B shares little with A
+    again = fast.create_completion(EDIT_PROMPT, max_tokens=8, temperature=0)
+    assert again["speculation"]["reused_prompt_tokens"] == n_a - 1
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    off = lookahead.wrap(fresh, calibrate=False, prefix_cache_mb=0)
+    off.create_completion(CODE_PROMPT, max_tokens=8, temperature=0)
+    assert off.create_completion(EDIT_PROMPT, max_tokens=8, temperature=0)["speculation"]["reused_prompt_tokens"] < 20
