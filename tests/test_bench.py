@@ -285,3 +285,21 @@ def test_sampled_speedups_compare_seconds_per_output_token():
     runs = [Run("w", "edit", 0.0, 0, "plain", 2.0, "x", output_tokens=100),
             Run("w", "edit", 0.0, 0, "lookahead", 3.0, "x", output_tokens=200)]
     assert summarise_workload(runs)["methods"]["lookahead"]["speedup"] == pytest.approx(2.0 / 3.0, abs=1e-4)
+
+
+def test_groups_report_decode_only_speedup_the_worst_workload_and_the_prefill_share():
+    from lookahead.cli.bench import Run, summarise
+
+    def pair(workload, plain_s, plain_ttft, la_s, la_ttft):
+        return [Run(workload, "rag", 0.0, 0, "plain", plain_s, "x", ttft_s=plain_ttft, output_tokens=11),
+                Run(workload, "rag", 0.0, 0, "lookahead", la_s, "x", ttft_s=la_ttft, output_tokens=11)]
+
+    # w1: end to end 2.0 / 1.0; decode (2.0 - 1.0) / (1.0 - 0.5) = 2. w2: a loss, 1.0 / 1.25.
+    runs = pair("w1", 2.0, 1.0, 1.0, 0.5) + pair("w2", 1.0, 0.8, 1.25, 0.85)
+    _, summaries = summarise(runs)
+    group = summaries[0]
+    assert group["worst"]["lookahead"] == {"speedup": 0.8, "workload": "w2"}
+    assert group["decode_speedup"]["lookahead"] == pytest.approx((2.0 * (0.2 / 0.4)) ** 0.5, abs=1e-3)
+    assert group["prefill_share"] == pytest.approx((0.5 + 0.8) / 2, abs=1e-4)
+    table = format_table(summaries)
+    assert "worst ×" in table and "decode ×" in table and "0.80" in table

@@ -118,6 +118,8 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
             server_speedup = statistics.median(decode[PLAIN]) / statistics.median(decode[SERVER_PLAIN])
         else:
             server_speedup = None
+    decode_costs = {m: [r.decode_cost for r in rs] for m, rs in by_method.items()}
+    decode_medians = {m: statistics.median(v) for m, v in decode_costs.items() if v and None not in v}
     methods = {}
     for m, rs in by_method.items():
         base = baseline_of(m)
@@ -132,6 +134,12 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
             "seconds": [_round(r.seconds) for r in rs],
             "median_s": _round(medians[m]),
             "speedup": _round(speedup),
+            # decode only: seconds per output token after the first, prefill excluded
+            "decode_speedup": _round(decode_medians[base] / decode_medians[m])
+            if base in decode_medians and m in decode_medians and decode_medians[m] > 0 else None,
+            # the share of the call spent before the first token (prefill and first decode)
+            "prefill_share": _round(statistics.median(r.ttft_s / r.seconds for r in rs))
+            if all(r.ttft_s is not None and r.seconds > 0 for r in rs) else None,
             "identical": identical,
             "ttft_s": _round(statistics.median(r.ttft_s for r in rs)) if all(r.ttft_s is not None for r in rs) else None,
             "speculation": speculation_summary(
@@ -166,7 +174,23 @@ def summarise_group(rows: Sequence[dict], category: str, runs: Sequence[Run] = (
         if summary is not None:
             summary.pop("accept_histogram")
             speculation[m] = summary
+    decode_speedup = {m: _round(geometric_mean(row["methods"][m]["decode_speedup"] for row in rows
+                                               if m in row["methods"]))
+                      for m in methods if m != baseline_of(m)}
+    worst = {}
+    for m in methods:
+        if m == baseline_of(m):
+            continue
+        scored = [(row["methods"][m]["speedup"], row["id"]) for row in rows
+                  if m in row["methods"] and row["methods"][m]["speedup"] is not None]
+        if scored:
+            value, workload = min(scored)
+            worst[m] = {"speedup": value, "workload": workload}
+    shares = [row["methods"][PLAIN]["prefill_share"] for row in rows
+              if PLAIN in row["methods"] and row["methods"][PLAIN]["prefill_share"] is not None]
     return {"category": category, "temperature": rows[0]["temperature"] if rows else None, "n": len(rows),
+            "decode_speedup": decode_speedup, "worst": worst,
+            "prefill_share": _round(statistics.median(shares)) if shares else None,
             "speedup": speedup, "identical": identical, "speculation": speculation}
 
 

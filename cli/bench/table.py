@@ -7,11 +7,16 @@ from .methods import LOOKAHEAD, PROMPT_LOOKUP, method_order
 
 
 def format_table(summaries: Sequence[dict]) -> str:
-    """The readable table: one line per category per temperature."""
+    """The readable table: one line per category per temperature.
+
+    Columns: each method's speedup (end to end at t=0; decode per token above), lookahead's
+    decode-only speedup (seconds per output token after the first), its worst workload, the
+    share of plain's time spent before the first token, and lookahead's draft figures.
+    """
     methods = sorted({m for s in summaries for m in s["speedup"]}, key=method_order)
     pl = any(PROMPT_LOOKUP in s["speculation"] for s in summaries)
-    head = ["category", "t", "n", *[f"{m} ×" for m in methods], "acceptance", "tokens/pass", "alpha", "k",
-            "predicted ×", "identical"]
+    head = ["category", "t", "n", *[f"{m} ×" for m in methods], "decode ×", "worst ×", "prefill",
+            "acceptance", "tokens/pass", "alpha", "k", "predicted ×", "identical"]
     if pl:
         head.append("prompt-lookup acc.")
 
@@ -24,6 +29,9 @@ def format_table(summaries: Sequence[dict]) -> str:
         same = s["identical"].get(LOOKAHEAD)
         cells = [s["category"], f"{s['temperature']:g}", str(s["n"]),
                  *[num(s["speedup"].get(m)) for m in methods],
+                 num(s.get("decode_speedup", {}).get(LOOKAHEAD)),
+                 num((s.get("worst", {}).get(LOOKAHEAD) or {}).get("speedup")),
+                 num(s.get("prefill_share"), "{:.0%}"),
                  num(la.get("acceptance_rate"), "{:.0%}"), num(la.get("tokens_per_pass")), num(la.get("alpha")),
                  num(la.get("k"), "{:.1f}"), num(la.get("predicted_speedup")),
                  f"{same['identical']}/{same['of']}" if same else "-"]
