@@ -17,6 +17,7 @@ from pathlib import Path
 import llama_cpp
 
 import lookahead
+from lookahead.adapters.llama_cpp import clear_kv_cache
 from lookahead.models import default_model_path
 
 
@@ -34,14 +35,12 @@ print(f"prompt: {len(llm.tokenize(prompt.encode()))} tokens; n_batch {llm.n_batc
 methods = {"llama-cpp-python": llm.create_completion, "lookahead": fast.create_completion}
 times: dict[str, list[float]] = {name: [] for name in methods}
 for warm_up in methods.values():
-    llm.reset()
-    llm._ctx.kv_cache_clear()
+    clear_kv_cache(llm)
     warm_up(prompt, max_tokens=1, temperature=0)
 for rep in range(reps):
     order = list(methods) if rep % 2 == 0 else list(reversed(methods))
     for name in order:
-        llm.reset()
-        llm._ctx.kv_cache_clear()
+        clear_kv_cache(llm)
         t0 = time.perf_counter()
         methods[name](prompt, max_tokens=1, temperature=0)
         times[name].append(time.perf_counter() - t0)

@@ -17,6 +17,7 @@ from pathlib import Path
 import llama_cpp
 
 import lookahead
+from lookahead.adapters.llama_cpp import clear_kv_cache
 from lookahead.models import default_model_path
 
 temperature = float(sys.argv[sys.argv.index("--temperature") + 1]) if "--temperature" in sys.argv else 0.0
@@ -32,8 +33,7 @@ for w in workloads:
     if limit is not None and seen[w["category"]] >= limit:
         continue
     seen[w["category"]] += 1
-    llm.reset()
-    llm._ctx.kv_cache_clear()
+    clear_kv_cache(llm)
     kwargs = dict(max_tokens=w["max_tokens"], temperature=temperature, seed=1)
     out = (fast.create_chat_completion(w["messages"], **kwargs) if "messages" in w
            else fast.create_completion(w["prompt"], **kwargs))
