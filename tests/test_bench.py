@@ -241,7 +241,7 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     png = tmp_path / "bench.png"
     out = subprocess.run([str(BIN), "bench", str(path), "--reps", "1", "--max-tokens", "16", "--methods", "plain",
                           "--methods", "lookahead", "--json", "--plot", str(png), "--n-ctx", "1024"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert set(result) == {"config", "workloads", "summary", "runs"}
