@@ -339,6 +339,8 @@ def write_atomic(path: Path, text: str) -> None:
 from lookahead.cli.bench import bench  # noqa: E402  (after `main` exists: bench is one of its commands)
 
 main.add_command(bench)
+from lookahead.server.cli import serve  # noqa: E402  (the OpenAI-compatible server; needs the [server] extra to run)
+main.add_command(serve)
 
 
 if __name__ == "__main__":  # pragma: no cover
