@@ -115,6 +115,23 @@ def stream_chat(client, **kw):
     return text, chunks
 
 
+# ---- the command ------------------------------------------------------------------------------
+def test_serve_help_explains_the_options():
+    out = subprocess.run([str(BIN), "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--host", "--port", "--api-key", "--model", "--n-ctx", "--threads", "--temperature", "--top-p",
+                 "--max-tokens", "--max-queue", "--max-body-mib", "prediction", "127.0.0.1"):
+        assert flag in out.stdout
+    assert "serve" in subprocess.run([str(BIN), "--help"], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_serve_refuses_a_missing_model(tmp_path):
+    out = subprocess.run([str(BIN), "serve", "--model", str(tmp_path / "nope.gguf")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert "model file not found" in out.stderr and "nope.gguf" in out.stderr and "Traceback" not in out.stderr
+
+
 # ---- the endpoints ---------------------------------------------------------------------------
 def test_health_and_models(server, client):
     assert health(server)["status"] == "ok"
@@ -376,3 +393,20 @@ def test_openai_client_stream_closed_early_then_next_answer_is_right(server, cli
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
     want = local.create_completion(prompt, max_tokens=12, temperature=0)
     assert out.choices[0].text == want["choices"][0]["text"]
+
+
+def test_timed_request_for_benches(server, client):
+    from lookahead.server.client import timed_request
+
+    body = {"messages": HELLO, "max_tokens": 12, "temperature": 0, "speculate": False}
+    run = timed_request(server, body, api_key=KEY)
+    plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0,
+                                           extra_body={"speculate": False})
+    assert run.text == plain.choices[0].message.content
+    assert run.usage["completion_tokens"] == plain.usage.completion_tokens
+    assert 0 < run.ttft_s <= run.total_s
+    assert run.speculation["speculative"] is False
+    completion = timed_request(server, {"prompt": "One, two, three,", "max_tokens": 6}, api_key=KEY)
+    assert completion.text and completion.usage["completion_tokens"] >= 1
+    with pytest.raises(RuntimeError, match="404.*'nope' does not exist"):
+        timed_request(server, {**body, "model": "nope"}, api_key=KEY)
