@@ -234,16 +234,21 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         last: dict | None = None
         speculation: dict | None = None
         library_usage: dict | None = None
-        for i, chunk in enumerate(chunks):
-            chunk["model"] = config.model_id
-            if not (skip_first and i == 0):
-                texts.append(text_of(chunk))
-            speculation = chunk.get("speculation") or speculation
-            library_usage = chunk.pop("usage", None) or library_usage
-            if include_usage:
-                chunk["usage"] = None
-            last = chunk
-            yield chunk
+        try:
+            for i, chunk in enumerate(chunks):
+                chunk["model"] = config.model_id
+                if not (skip_first and i == 0):
+                    texts.append(text_of(chunk))
+                speculation = chunk.get("speculation") or speculation
+                library_usage = chunk.pop("usage", None) or library_usage
+                if include_usage:
+                    chunk["usage"] = None
+                last = chunk
+                yield chunk
+        finally:  # closed early (the client left): close the library's stream now, in this thread
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
         if include_usage and last is not None:
             if library_usage is not None:
                 prompt_tokens, completion_tokens = library_usage["prompt_tokens"], library_usage["completion_tokens"]

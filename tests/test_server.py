@@ -191,7 +191,7 @@ def test_streaming_completion_ends_with_done(server):
 
 
 def test_prediction_is_used_and_counted(client, local):
-    code = (SAMPLES / "code" / "textutils.py").read_text()
+    code = "".join((SAMPLES / "code" / "textutils.py").read_text().splitlines(keepends=True)[:20])  # short prefill
     messages = [{"role": "user", "content": "Rename the function `slugify` to `make_slug` in the following file. "
                                             f"Output the whole revised file and nothing else.\n\n{code}"}]
     text, chunks = stream_chat(client, messages=messages, max_tokens=48, temperature=0,
@@ -212,6 +212,23 @@ def test_prediction_is_used_and_counted(client, local):
     again = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0,
                                            extra_body={"references": ["Red, green and blue."]})
     assert again.usage.completion_tokens_details.accepted_prediction_tokens == 0
+
+
+def test_prediction_text_is_drafted_from(client):
+    # The answer's tokens are not in the prompt, only in the prediction: what is drafted and
+    # accepted comes from it.
+    prompt = "Count from 1 to 40: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+    prediction = " " + ", ".join(str(i) for i in range(11, 41)) + "."
+    runs = {}
+    for name, extra in (("without", {}), ("with", {"prediction": {"type": "content", "content": prediction}})):
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, extra_body=extra)
+        runs[name] = (out.choices[0].text, out.model_extra["speculation"], out.usage.completion_tokens_details)
+    assert runs["with"][0] == runs["without"][0]  # speed only: the same greedy text
+    with_spec, details = runs["with"][1], runs["with"][2]
+    assert with_spec["accepted"] > runs["without"][1]["accepted"]
+    assert details.accepted_prediction_tokens == with_spec.get("prediction_accepted", 0)
+    if "prediction_accepted" in with_spec:  # the library reports what came from the prediction
+        assert details.accepted_prediction_tokens > 0
 
 
 def test_sampling_with_seed_is_reproducible(client):
