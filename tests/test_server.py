@@ -394,10 +394,11 @@ def test_disconnect_stops_generation_and_a_full_queue_answers_429(server, client
     assert after["rejected"] == before["rejected"] + 1 and after["status"] == "ok"
 
 
-def test_openai_client_stream_closed_early_then_next_answer_is_right(server, client, local):
+def test_chat_stream_closed_early_then_next_answer_is_right(server, client, local):
     before = health(server)["cancelled"]
-    stream = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=N_CTX - 64,
-                                       temperature=0, stream=True)
+    story = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+    stream = client.chat.completions.create(model=MODEL, messages=story, max_tokens=N_CTX - 64, temperature=0,
+                                            stream=True)
     for i, _ in enumerate(stream):
         if i == 3:
             break
