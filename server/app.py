@@ -388,7 +388,8 @@ def completion_chunk_text(chunk: dict) -> str:
 
 
 def chat_messages(req: ChatRequest) -> list[dict]:
-    """OpenAI messages as the chat template takes them: text content, `developer` as `system`."""
+    """OpenAI messages as the chat template takes them: text (a list of text parts joined with
+    newlines), `developer` as `system`; tool messages and non-text parts are refused."""
     out = []
     for i, message in enumerate(req.messages):
         if message.role in ("tool", "function") or message.tool_calls or message.function_call:
