@@ -303,6 +303,8 @@ from lookahead.cli.doctor import doctor  # noqa: E402
 
 main.add_command(bench)
 main.add_command(doctor)
+from lookahead.server.cli import serve  # noqa: E402  (the OpenAI-compatible server; needs the [server] extra to run)
+main.add_command(serve)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -243,6 +243,7 @@ class Lookahead:
         (stream: in the last chunk).
         """
         captured: list[dict] = []  # this request's stats, whatever the template does with chunks
+        usage: list[dict] = []  # and its token counts (a chat stream's chunks drop them)
 
         def complete(*args: Any, **completion_kwargs: Any):
             completion_kwargs.update(references=references, prediction=prediction, speculate=speculate)
@@ -250,13 +251,13 @@ class Lookahead:
             if isinstance(result, dict):
                 captured.append(result.get("speculation"))
                 return result
-            return _recording_speculation(result, captured)
+            return _recording_speculation(result, captured, usage)
 
         result = self.target.chat_completion(complete, messages, **kwargs)
         if isinstance(result, dict):
             result["speculation"] = captured[-1] if captured else None
             return result
-        return _with_speculation_last(result, captured)
+        return _with_speculation_last(result, captured, usage=usage)
 
     def _fallback(self, unsupported: list[str], arguments: dict[str, Any]):
         """Run a request the engine cannot on the target's plain path; the stats say why."""
@@ -295,17 +296,22 @@ class _closing:
         return False
 
 
-def _recording_speculation(chunks: Iterator[dict], captured: list[dict]) -> Iterator[dict]:
+def _recording_speculation(chunks: Iterator[dict], captured: list[dict], usage: list[dict]) -> Iterator[dict]:
+    """Pass a completion stream through, noting its stats and usage (the last chunk's)."""
     with _closing(chunks):
         for item in chunks:
             if isinstance(item, dict) and "speculation" in item:
                 captured.append(item["speculation"])
+            if isinstance(item, dict) and "usage" in item:
+                usage.append(item["usage"])
             yield item
 
 
 def _with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: float | None = None,
-                           stats: SpeculationStats | None = None) -> Iterator[dict]:
-    """Yield the chunks; the last one gets the request's stats (`captured[-1]`)."""
+                           stats: SpeculationStats | None = None,
+                           usage: list[dict] | None = None) -> Iterator[dict]:
+    """Yield the chunks; the last one gets the request's stats (`captured[-1]`) and, when the
+    stream's own chunks dropped it, its usage."""
     with _closing(chunks):
         previous = None
         for item in chunks:
@@ -317,4 +323,6 @@ def _with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: flo
             stats.total_ms = 1000 * (time.perf_counter() - t0)
             captured = [stats.to_dict()]
         previous["speculation"] = captured[-1] if captured else None
+        if usage and "usage" not in previous:
+            previous["usage"] = usage[-1]
         yield previous
