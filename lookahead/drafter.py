@@ -29,6 +29,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,13 @@ class CostModel:
     are interpolated linearly between observed neighbours; beyond the largest observed size
     the curve is extrapolated with the slope of its last segment (or `prior_slope` times t(1)
     when only one size was seen).
+
+    A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
+    dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
+    real observations of each size are compared with it, and when `revalidate_after` of them
+    are off by more than `tolerance` (a factor, either way; a median of them, so one spike
+    does not count), the restored figures are dropped and `needs_calibration` is set, so the
+    owner measures afresh at the next chance.
     """
 
     def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
@@ -75,10 +83,15 @@ class CostModel:
         self._recent: dict[int, deque] = {}
         self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
         self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
-        self.calibration_sizes = (1, 2, 4, 8, 16)  # ~0.15 s on 2 cores; larger sizes extrapolate
-        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] EMA of decode time of n tokens
+        self.calibration_sizes = (1, 2, 4, 8, 16)  # larger sizes extrapolate
+        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] windowed median decode time of n tokens
         self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
         self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+        # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
+        self._restored: dict[int, float] = {}
+        self._checks: list[float] = []
+        self.revalidate_after = 3
+        self.tolerance = 1.5
 
     def observe(self, n_tokens: int, ms: float) -> None:
         """Record one decode of `n_tokens` that took `ms`. The estimate for a size is the
@@ -87,15 +100,61 @@ class CostModel:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
+        if self._restored and self._probation(n_tokens, float(ms)):
+            return
         recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
         recent.append(float(ms))
         self._ms[n_tokens] = float(np.median(recent))
         self._seen[n_tokens] += 1
         self._curve = None
 
+    def _probation(self, n_tokens: int, ms: float) -> bool:
+        """Compare a real timing with the restored curve; True if the curve was just dropped."""
+        self._checks.append(ms / self.cost_ms(n_tokens))
+        if len(self._checks) < self.revalidate_after:
+            return False
+        ratio = float(np.median(self._checks))
+        self._restored = {}
+        self._checks = []
+        if 1 / self.tolerance <= ratio <= self.tolerance:
+            return False  # confirmed: keep learning on top of it
+        # The machine, load or build changed: forget the restored figures and measure again.
+        self._recent.clear()
+        self._ms[:] = np.nan
+        self._seen[:] = 0
+        self._curve = None
+        self.needs_calibration = True
+        return True
+
     @property
     def calibrated(self) -> bool:
         return int(np.count_nonzero(self._seen)) >= 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only)."""
+        sizes = np.flatnonzero(self._seen)
+        return {"max_batch": self.max_batch, "ms": {str(int(n)): round(float(self._ms[n]), 3) for n in sizes}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], max_batch: int | None = None, **kwargs: Any) -> "CostModel":
+        """A cost model holding a curve saved by `to_dict`, on probation (see the class doc).
+
+        Raises ValueError naming the problem when `data` is not such a dict.
+        """
+        try:
+            points = {int(n): float(ms) for n, ms in data["ms"].items()}
+            saved_max = int(data["max_batch"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"not a saved cost curve (want {{'max_batch': N, 'ms': {{n: ms}}}}): {data!r}") from None
+        cost = cls(max_batch=saved_max if max_batch is None else max_batch, **kwargs)
+        for n_tokens, ms in sorted(points.items()):
+            if 1 <= n_tokens <= cost.max_batch and ms > 0 and not math.isinf(ms):
+                cost._recent[n_tokens] = deque([ms], maxlen=cost.window)
+                cost._ms[n_tokens] = ms
+                cost._seen[n_tokens] = 1
+                cost._restored[n_tokens] = ms
+        cost._curve = None
+        return cost
 
     def curve(self) -> np.ndarray:
         """t(n) for n = 0..max_batch (index 0 unused), in ms."""

@@ -587,3 +587,55 @@ def test_record_tree_counts_a_failure_only_where_the_tree_offered_a_child():
 def test_tree_width_must_be_positive():
     with pytest.raises(ValueError, match="tree_width must be >= 1, got 0"):
         Drafter(linear_cost(10.0, 0.0), tree_width=0)
+
+
+# --- CostModel persistence ----------------------------------------------------------------------
+
+def test_cost_model_round_trips_through_json():
+    import json
+
+    cost = steep_cost(max_batch=128)
+    cost.observe(2, 25.0)  # window median of 21 and 25: 23
+    saved = json.loads(json.dumps(cost.to_dict()))
+    assert saved == {"max_batch": 128, "ms": {"1": 11.0, "2": 23.0, "4": 29.0, "8": 43.0, "16": 86.0,
+                                                "32": 150.0, "64": 293.0}}
+    restored = CostModel.from_dict(saved)
+    assert restored.calibrated and restored.max_batch == 128
+    np.testing.assert_allclose(restored.curve(), cost.curve())
+    # a different max_batch (another context size): the points are kept where they fit
+    small = CostModel.from_dict(saved, max_batch=16)
+    assert small.max_batch == 16 and small.cost_ms(16) == pytest.approx(86.0)
+
+
+def test_restored_curve_is_kept_when_real_decodes_agree():
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    for n, ms in ((1, 12.0), (8, 40.0), (1, 10.5)):  # within 1.5x of 11 and 43
+        restored.observe(n, ms)
+    assert not restored.needs_calibration
+    assert restored.cost_ms(64) == pytest.approx(293.0)  # the untouched sizes stay
+    assert restored.cost_ms(1) == pytest.approx(11.0)  # median of 11, 12, 10.5
+
+
+def test_restored_curve_is_dropped_when_real_decodes_disagree():
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    restored.observe(1, 30.0)  # 2.7x slower than saved: a different machine or load
+    restored.observe(8, 5.0)  # a spike the other way
+    assert not restored.needs_calibration  # two checks are not enough yet
+    restored.observe(1, 31.0)  # median of the ratios 2.73, 0.12, 2.82 = 2.73 > 1.5
+    assert restored.needs_calibration and not restored.calibrated
+    assert restored.to_dict()["ms"] == {}
+    restored.observe(1, 30.0)  # from here on it learns as a fresh model (no more probation)
+    restored.observe(2, 60.0)
+    assert restored.calibrated and restored.cost_ms(2) == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize("data", [{}, {"ms": {}}, {"max_batch": 8, "ms": [1, 2]}, {"max_batch": "x", "ms": {}},
+                                  None, {"max_batch": 8, "ms": {"one": 3.0}}])
+def test_from_dict_names_what_is_wrong(data):
+    with pytest.raises(ValueError, match="not a saved cost curve"):
+        CostModel.from_dict(data)
+
+
+def test_from_dict_skips_unusable_points():
+    restored = CostModel.from_dict({"max_batch": 8, "ms": {"1": 10.0, "2": -1.0, "99": 5.0, "4": float("inf")}})
+    assert restored.to_dict() == {"max_batch": 8, "ms": {"1": 10.0}}
