@@ -207,25 +207,6 @@ class SuffixIndex:
                 return Match(best_len, tuple(best))
         return None
 
-    def common_suffix_lengths(self, source: int, ends: np.ndarray) -> np.ndarray:
-        """For each end: how many tokens of `source` before `end` equal the context's last ones.
-
-        Capped at `max_match`; 0 for ends outside 1..len(source) and, in the context itself,
-        for its own end (the trivial occurrence).
-        """
-        src = self._sources[source]
-        ctx = self._sources[CONTEXT]
-        ends = np.asarray(ends, dtype=np.int64)
-        tail_len = min(self.max_match, ctx.size)
-        top = src.size - 1 if source == CONTEXT else src.size
-        valid = (ends >= 1) & (ends <= top)
-        out = np.zeros(len(ends), dtype=np.int64)
-        if tail_len == 0 or not valid.any():
-            return out
-        tail_rev = ctx.tokens[ctx.size - tail_len : ctx.size][::-1]
-        out[valid] = _match_lengths(src.tokens, ends[valid], tail_rev, 0)
-        return out
-
     def continuation(self, position: tuple[int, int], max_tokens: int, cyclic: bool = False) -> np.ndarray:
         """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end).
 

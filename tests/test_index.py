@@ -242,27 +242,6 @@ def test_out_of_range_token_ids_are_rejected(bad_token):
     assert index.n_sources == 1
 
 
-# --- common_suffix_lengths ---------------------------------------------------------------------
-
-def test_common_suffix_lengths_by_hand():
-    # context [5, 1, 2, 3, 9, 1, 2, 3]; reference [7, 2, 3, 8, 1, 2, 3, 4]
-    index = build([5, 1, 2, 3, 9, 1, 2, 3], [[7, 2, 3, 8, 1, 2, 3, 4]])
-    ends = np.array([0, 1, 3, 7, 8, 9])
-    # ref[:3] = [7, 2, 3] -> 2 (7 vs 1); ref[:7] ends [8, 1, 2, 3] -> 3 (8 vs 9); ref[:8] ends 4 -> 0;
-    # end 0 and end 9 (past the reference) -> 0
-    assert index.common_suffix_lengths(1, ends).tolist() == [0, 0, 2, 3, 0, 0]
-    # in the context: end 4 -> [5, 1, 2, 3] vs [9, 1, 2, 3]: 3; its own end (8) does not count
-    assert index.common_suffix_lengths(CONTEXT, np.array([4, 8, 2])).tolist() == [3, 0, 0]
-
-
-def test_common_suffix_lengths_are_capped_and_agree_with_query():
-    block = list(range(100, 180))
-    index = build(block + [1] + block, max_match=16)
-    assert index.common_suffix_lengths(CONTEXT, np.array([80])).tolist() == [16]
-    match = index.query()
-    assert index.common_suffix_lengths(CONTEXT, np.array([match.positions[0][1]])).tolist() == [match.length]
-
-
 # --- property test: incremental == brute force == fresh index --------------------------------------
 
 def brute_force_query(ctx, refs, min_len, max_match):
@@ -303,9 +282,6 @@ def test_incremental_matches_brute_force(ngram_sizes, max_match, seed):
         assert exact.context().tolist() == ctx, where
         expected = brute_force_query(ctx, refs, min(ngram_sizes), max_match)
         assert exact.query() == expected, where
-        if expected is not None:  # the lengths helper agrees at every occurrence
-            for sid, end in expected.positions:
-                assert exact.common_suffix_lengths(sid, np.array([end])).tolist() == [expected.length], where
         fresh = build(ctx, refs, ngram_sizes=ngram_sizes, max_match=max_match)
         assert default.query() == fresh.query(), where
         if step == 30:  # reset keeps the references and starts the context afresh
