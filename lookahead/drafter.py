@@ -280,9 +280,8 @@ class _Pending:
 
     index: SuffixIndex
     at: int  # context length when it was proposed
-    candidate: Candidate | None  # None: the index had nothing to offer
+    candidate: Candidate
     drafted: int  # how many of its tokens were drafted (record() accounts for those)
-
 
 
 def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
@@ -342,9 +341,9 @@ class Drafter:
         if tree and self.tree_width > 1 and match is not None and len(match.positions) > 1:
             return self._propose_tree(index, match, limit)
         cand = self._candidate(index, match, limit)
-        self._pending = _Pending(index, len(index), cand, 0)
         if cand is None:
             return EMPTY_DRAFT
+        self._pending = _Pending(index, len(index), cand, 0)
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
         rates = self.acceptance.rates(cand.kind, cand.match_length + np.arange(len(cand.tokens)))
@@ -363,7 +362,8 @@ class Drafter:
         self._learn(index)
         limit = min(limit, self.max_draft, self.cost.max_batch - 1)
         cand = self._candidate(index, index.query(), limit) if limit > 0 else None
-        self._pending = _Pending(index, len(index), cand, 0)
+        if cand is not None:
+            self._pending = _Pending(index, len(index), cand, 0)
         return cand
 
     def note_drafted(self, drafted: int) -> None:
@@ -464,13 +464,10 @@ class Drafter:
             return
         emitted = index.context()[pending.at :]
         cand, skip = pending.candidate, pending.drafted
-        if cand is None:
-            return
         agree = _agreeing_prefix(cand.tokens, emitted)
         tested = min(len(cand.tokens), len(emitted))
         if agree >= skip and tested > skip:  # the positions past what record() counted
             self.acceptance.update(cand.kind, cand.match_length + skip, tested - skip, agree - skip)
-
 
 
 def _agreeing_prefix(tokens: list[int], emitted: np.ndarray) -> int:
