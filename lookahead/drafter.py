@@ -17,8 +17,10 @@ reaching them, and the size (and width) that maximises E / t(n + 1) is kept, so 
 proposed only where the occurrences disagree and a wider batch pays for itself.
 
 c_i comes from two pieces of evidence:
-* a per-token acceptance estimate for the match's length bucket and source kind (context or
-  reference), a Beta posterior updated after every verified draft of this request;
+* a per-token acceptance estimate for the match's source kind (context or reference) and
+  length, a Beta posterior that starts at a prior measured by replay (see _PRIOR_MEAN) and is
+  updated from the first step of every request: by the verified drafts and, for free, by
+  comparing every step's candidate with the tokens the target then emitted, drafted or not;
 * the agreement of the occurrences: when several earlier occurrences of the suffix continue
   differently, the branch followed carries count(branch) / count(parent) of them.
 """
@@ -29,21 +31,36 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .index import CONTEXT, Branch, Match, SuffixIndex
 
-# Match-length buckets (upper bounds, inclusive) and the prior per-token acceptance for each:
-# the probability that a draft token is accepted, given the earlier ones were, when the
-# matched suffix (grown by the accepted tokens) has that length. Measured by replaying the
-# outputs of samples/workloads.jsonl through the index (lookahead.simulate), greedy and
-# sampled at temperature 0.7 (a replayed sample decides acceptance exactly as the point-mass
-# rule does). Greedy: about 0.23 after a 1-token match, 0.8 after 4-5, 0.95 after 16+.
-# The posterior of each request moves away from them after a few drafts.
+CONTEXT_KIND = 0  # the candidate follows an occurrence in the running context (prompt + output)
+REFERENCE_KIND = 1  # ... in a registered reference
+N_KINDS = 2
+
+# Match-length buckets (upper bounds, inclusive).
 _BUCKET_UPPER = (1, 2, 3, 5, 7, 11, 15, 23, 31, 47, 63, 1 << 30)
-_PRIOR_MEAN = (0.23, 0.53, 0.67, 0.82, 0.84, 0.90, 0.93, 0.95, 0.95, 0.98, 0.98, 0.99)
-_PRIOR_MEAN_SAMPLED = (0.22, 0.49, 0.57, 0.71, 0.74, 0.84, 0.88, 0.90, 0.95, 0.95, 0.95, 0.97)
+# The prior per-token acceptance by [source kind][bucket]: the probability that a
+# candidate token is the target's next token, given the earlier ones were, when the matched
+# suffix (grown by the accepted tokens) has that length. Measured at every output position of
+# recorded plain outputs of samples/workloads.jsonl and samples/examples/short_rag.jsonl
+# (no workload registers references, so the reference rows are the pooled rates), greedy and
+# sampled at 0.7 (a replayed sample decides acceptance exactly as the point-mass rule does).
+# Reproduce with (tests/test_simulate.py checks that they match):
+#     .venv/bin/python samples/examples/record_traces.py      # -> samples/examples/traces.json
+#     .venv/bin/python -m lookahead.simulate priors samples/examples/traces.json
+# The posterior of each request moves away from them with every step.
+_PRIOR_MEAN = (
+    (0.228, 0.539, 0.681, 0.820, 0.837, 0.891, 0.928, 0.956, 0.956, 0.993, 0.993, 0.995),  # context
+    (0.229, 0.539, 0.681, 0.819, 0.837, 0.891, 0.928, 0.956, 0.956, 0.993, 0.993, 0.995),  # reference
+)
+_PRIOR_MEAN_SAMPLED = (
+    (0.225, 0.492, 0.579, 0.737, 0.817, 0.817, 0.892, 0.926, 0.926, 0.974, 0.985, 0.995),  # context
+    (0.225, 0.492, 0.579, 0.737, 0.817, 0.817, 0.892, 0.926, 0.926, 0.974, 0.985, 0.995),  # reference
+)
 _PRIOR_STRENGTH = 10.0
 
 
@@ -61,6 +78,13 @@ class CostModel:
     are interpolated linearly between observed neighbours; beyond the largest observed size
     the curve is extrapolated with the slope of its last segment (or `prior_slope` times t(1)
     when only one size was seen).
+
+    A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
+    dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
+    real observations of each size are compared with it, and when `revalidate_after` of them
+    are off by more than `tolerance` (a factor, either way; a median of them, so one spike
+    does not count), the restored figures are dropped and `needs_calibration` is set, so the
+    owner measures afresh at the next chance.
     """
 
     def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
@@ -75,10 +99,15 @@ class CostModel:
         self._recent: dict[int, deque] = {}
         self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
         self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
-        self.calibration_sizes = (1, 2, 4, 8, 16)  # ~0.15 s on 2 cores; larger sizes extrapolate
-        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] EMA of decode time of n tokens
+        self.calibration_sizes = (1, 2, 4, 8, 16)  # larger sizes extrapolate
+        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] windowed median decode time of n tokens
         self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
         self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+        # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
+        self._restored: dict[int, float] = {}
+        self._checks: list[float] = []
+        self.revalidate_after = 3
+        self.tolerance = 1.5
 
     def observe(self, n_tokens: int, ms: float) -> None:
         """Record one decode of `n_tokens` that took `ms`. The estimate for a size is the
@@ -87,15 +116,61 @@ class CostModel:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
+        if self._restored and self._probation(n_tokens, float(ms)):
+            return
         recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
         recent.append(float(ms))
         self._ms[n_tokens] = float(np.median(recent))
         self._seen[n_tokens] += 1
         self._curve = None
 
+    def _probation(self, n_tokens: int, ms: float) -> bool:
+        """Compare a real timing with the restored curve; True if the curve was just dropped."""
+        self._checks.append(ms / self.cost_ms(n_tokens))
+        if len(self._checks) < self.revalidate_after:
+            return False
+        ratio = float(np.median(self._checks))
+        self._restored = {}
+        self._checks = []
+        if 1 / self.tolerance <= ratio <= self.tolerance:
+            return False  # confirmed: keep learning on top of it
+        # The machine, load or build changed: forget the restored figures and measure again.
+        self._recent.clear()
+        self._ms[:] = np.nan
+        self._seen[:] = 0
+        self._curve = None
+        self.needs_calibration = True
+        return True
+
     @property
     def calibrated(self) -> bool:
         return int(np.count_nonzero(self._seen)) >= 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only)."""
+        sizes = np.flatnonzero(self._seen)
+        return {"max_batch": self.max_batch, "ms": {str(int(n)): round(float(self._ms[n]), 3) for n in sizes}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], max_batch: int | None = None, **kwargs: Any) -> "CostModel":
+        """A cost model holding a curve saved by `to_dict`, on probation (see the class doc).
+
+        Raises ValueError naming the problem when `data` is not such a dict.
+        """
+        try:
+            points = {int(n): float(ms) for n, ms in data["ms"].items()}
+            saved_max = int(data["max_batch"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"not a saved cost curve (want {{'max_batch': N, 'ms': {{n: ms}}}}): {data!r}") from None
+        cost = cls(max_batch=saved_max if max_batch is None else max_batch, **kwargs)
+        for n_tokens, ms in sorted(points.items()):
+            if 1 <= n_tokens <= cost.max_batch and ms > 0 and not math.isinf(ms):
+                cost._recent[n_tokens] = deque([ms], maxlen=cost.window)
+                cost._ms[n_tokens] = ms
+                cost._seen[n_tokens] = 1
+                cost._restored[n_tokens] = ms
+        cost._curve = None
+        return cost
 
     def curve(self) -> np.ndarray:
         """t(n) for n = 0..max_batch (index 0 unused), in ms."""
@@ -131,33 +206,32 @@ class CostModel:
 
 @dataclass
 class AcceptanceModel:
-    """Per-token acceptance estimates by (source kind, match-length bucket): Beta posteriors."""
+    """Per-token acceptance estimates by (candidate kind, match-length bucket): Beta posteriors."""
 
-    accepted: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
-    rejected: np.ndarray = field(default_factory=lambda: np.zeros((2, len(_BUCKET_UPPER))))
+    accepted: np.ndarray = field(default_factory=lambda: np.zeros((N_KINDS, len(_BUCKET_UPPER))))
+    rejected: np.ndarray = field(default_factory=lambda: np.zeros((N_KINDS, len(_BUCKET_UPPER))))
     sampled: bool = False  # temperature > 0: the target sometimes picks another token than a copy
 
     def _prior(self) -> np.ndarray:
-        return np.asarray(_PRIOR_MEAN_SAMPLED if self.sampled else _PRIOR_MEAN)
+        return np.asarray(_PRIOR_MEAN_SAMPLED if self.sampled else _PRIOR_MEAN)  # [kinds, buckets]
 
-    def rate(self, from_reference: bool, match_length: int) -> float:
-        """Posterior mean per-token acceptance for one match length."""
-        return float(self.rates(from_reference, np.array([match_length]))[0])
+    def rates(self, kind: int, match_lengths: np.ndarray) -> np.ndarray:
+        """Posterior mean per-token acceptance for candidate tokens at these match lengths.
 
-    def rates(self, from_reference: bool, match_lengths: np.ndarray) -> np.ndarray:
-        """Posterior mean per-token acceptance for many match lengths (one call per proposal)."""
-        kind = int(from_reference)
-        a0 = self._prior() * _PRIOR_STRENGTH
+        `kind`: CONTEXT_KIND or REFERENCE_KIND (a bool: from a reference or not).
+        """
+        kind = int(kind)
+        a0 = self._prior()[kind] * _PRIOR_STRENGTH
         means = (self.accepted[kind] + a0) / (self.accepted[kind] + self.rejected[kind] + _PRIOR_STRENGTH)
         buckets = np.searchsorted(_BUCKET_UPPER, match_lengths)  # first upper bound >= length
         return means[np.minimum(buckets, len(_BUCKET_UPPER) - 1)]
 
-    def update(self, from_reference: bool, match_length: int, drafted: int, accepted: int) -> None:
-        """A draft of `drafted` tokens had its first `accepted` accepted.
+    def update(self, kind: int, match_length: int, drafted: int, accepted: int) -> None:
+        """A candidate of `drafted` tokens had its first `accepted` confirmed by the target.
 
         Tokens after the first rejection were never tested, so they are not evidence.
         """
-        kind = int(from_reference)
+        kind = int(kind)
         for i in range(accepted):
             self.accepted[kind, _bucket(match_length + i)] += 1
         if accepted < drafted:
@@ -175,13 +249,39 @@ class Draft:
     # A tree: parents[j] is the node that token j follows (-1: the last emitted token), in
     # topological order. None: a chain (token j follows token j - 1).
     parents: tuple[int, ...] | None = None
+    kind: int = -1  # CONTEXT_KIND or REFERENCE_KIND; -1: from from_reference
     source: int = CONTEXT  # index source of the preferred occurrence (stats per reference)
+
+    def __post_init__(self) -> None:
+        if self.kind < 0:
+            object.__setattr__(self, "kind", REFERENCE_KIND if self.from_reference else CONTEXT_KIND)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
 EMPTY_DRAFT = Draft([], 0, False, 1.0)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A continuation the drafter may draft, and the evidence behind it."""
+
+    tokens: list[int]
+    agreement: np.ndarray  # [len(tokens)] share of the occurrences that agree on each token
+    match_length: int
+    kind: int  # CONTEXT_KIND or REFERENCE_KIND
+    source: int = CONTEXT  # index source of the preferred occurrence
+
+
+@dataclass
+class _Pending:
+    """The last step's candidate, to be compared with the tokens the target emitted."""
+
+    index: SuffixIndex
+    at: int  # context length when it was proposed
+    candidate: Candidate
+    drafted: int  # how many of its tokens were drafted (record() accounts for those)
 
 
 def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
@@ -203,9 +303,13 @@ def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float
 
 
 class Drafter:
-    """Proposes a draft from the suffix index, sized by the cost model; learns per request."""
+    """Proposes a draft from the suffix index, sized by the cost model; learns per request.
 
-    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.02, sampled: bool = False,
+    The engine calls `propose` before every target pass and `record` after it, on the same
+    index, which it extends with the emitted tokens in between; `reset` starts a new request.
+    """
+
+    def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.1, sampled: bool = False,
                  tree_width: int = 1):
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
@@ -216,36 +320,65 @@ class Drafter:
         self.min_gain = float(min_gain)
         self.sampled = bool(sampled)
         self.tree_width = int(tree_width)  # most branches (leaves) one draft may have
-        self.acceptance = AcceptanceModel(sampled=self.sampled)
+        self.reset()
 
     def reset(self) -> None:
         """Start a new request: forget acceptance history (the cost curve is kept)."""
         self.acceptance = AcceptanceModel(sampled=self.sampled)
+        self._pending: _Pending | None = None
 
+    # ---- proposing -------------------------------------------------------------------
     def propose(self, index: SuffixIndex, limit: int, tree: bool = True) -> Draft:
         """The draft to verify next, at most `limit` tokens; EMPTY_DRAFT when none pays.
 
         `tree=False` forces a chain even with tree_width > 1 (the engine's first pass).
         """
+        self._learn(index)
         limit = min(limit, self.max_draft, self.cost.max_batch - 1)
         if limit <= 0:
             return EMPTY_DRAFT
         match = index.query()
-        if match is None:
-            return EMPTY_DRAFT
-        if tree and self.tree_width > 1 and len(match.positions) > 1:
+        if tree and self.tree_width > 1 and match is not None and len(match.positions) > 1:
             return self._propose_tree(index, match, limit)
-        tokens, agreement = _follow_majority(index, match, limit)
-        if not tokens:
+        cand = self._candidate(index, match, limit)
+        if cand is None:
             return EMPTY_DRAFT
-        from_reference = match.positions[0][0] != CONTEXT
+        self._pending = _Pending(index, len(index), cand, 0)
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
-        rates = self.acceptance.rates(from_reference, match.length + np.arange(len(tokens)))
-        k, expected = best_length(rates * agreement, self.cost.curve(), self.min_gain)
+        rates = self.acceptance.rates(cand.kind, cand.match_length + np.arange(len(cand.tokens)))
+        k, expected = best_length(rates * cand.agreement, self.cost.curve(), self.min_gain)
+        self._pending.drafted = k
         if k == 0:
             return EMPTY_DRAFT
-        return Draft(tokens[:k], match.length, from_reference, expected, source=match.positions[0][0])
+        return Draft(cand.tokens[:k], cand.match_length, cand.kind == REFERENCE_KIND, expected, kind=cand.kind,
+                     source=cand.source)
+
+    def candidate(self, index: SuffixIndex, limit: int) -> Candidate | None:
+        """What `propose` would weigh, untruncated (the simulator's oracle drafts from it).
+
+        Like `propose`, it first learns from the tokens emitted since the last call; call
+        `note_drafted` afterwards if some of its tokens are then drafted."""
+        self._learn(index)
+        limit = min(limit, self.max_draft, self.cost.max_batch - 1)
+        cand = self._candidate(index, index.query(), limit) if limit > 0 else None
+        if cand is not None:
+            self._pending = _Pending(index, len(index), cand, 0)
+        return cand
+
+    def note_drafted(self, drafted: int) -> None:
+        """After `candidate`: its first `drafted` tokens were drafted (and passed to `record`)."""
+        if self._pending is not None:
+            self._pending.drafted = drafted
+
+    def _candidate(self, index: SuffixIndex, match: Match | None, limit: int) -> Candidate | None:
+        if match is None:
+            return None
+        tokens, agreement = _follow_majority(index, match, limit)
+        if not tokens:
+            return None
+        kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
+        return Candidate(tokens, agreement, match.length, kind, match.positions[0][0])
 
     def _propose_tree(self, index: SuffixIndex, match: Match, limit: int) -> Draft:
         """Best-first tree over the occurrences' continuations, sized by the cost curve.
@@ -259,8 +392,8 @@ class Drafter:
         roots = index.continuation_trie(match, limit, cyclic=True)
         if not roots:
             return EMPTY_DRAFT
-        from_reference = match.positions[0][0] != CONTEXT
-        rates = self.acceptance.rates(from_reference, match.length + np.arange(limit))  # by depth - 1
+        kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
+        rates = self.acceptance.rates(kind, match.length + np.arange(limit))  # by depth - 1
         curve = self.cost.curve()
         limit = min(limit, len(curve) - 2)
         # Frontier: (-reach, push order, depth, parent's place in the draft, branch). Siblings
@@ -302,21 +435,47 @@ class Drafter:
         chosen_parents = tuple(parents[:best_n])
         if all(p == i - 1 for i, p in enumerate(chosen_parents)):
             chosen_parents = None  # a chain: verified and rolled back like a linear draft
-        return Draft(tokens[:best_n], match.length, from_reference, best_expected, chosen_parents,
+        return Draft(tokens[:best_n], match.length, kind == REFERENCE_KIND, best_expected, chosen_parents, kind,
                      source=match.positions[0][0])
 
+    # ---- learning ----------------------------------------------------------------------
     def record(self, draft: Draft, accepted: int, path: list[int] | None = None) -> None:
         """The verifier accepted `accepted` tokens (for a tree: the nodes in `path`)."""
         if not len(draft):
             return
         if draft.parents is None:
-            self.acceptance.update(draft.from_reference, draft.match_length, len(draft), accepted)
+            self.acceptance.update(draft.kind, draft.match_length, len(draft), accepted)
             return
         # A tree: the walk went `accepted` levels deep; it failed at the next level only if
         # the node it stopped at had children to offer.
         last = path[-1] if path else -1
         failed = last in draft.parents
-        self.acceptance.update(draft.from_reference, draft.match_length, accepted + int(failed), accepted)
+        self.acceptance.update(draft.kind, draft.match_length, accepted + int(failed), accepted)
+
+    def _learn(self, index: SuffixIndex) -> None:
+        """Compare the last step's candidate with the tokens the target emitted since.
+
+        Free evidence: a candidate that was not drafted (or the token after a draft that was
+        accepted whole) is confirmed or refuted by the emitted tokens without any verify cost.
+        `record` has already counted the drafted tokens.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None or pending.index is not index or len(index) <= pending.at:
+            return
+        emitted = index.context()[pending.at :]
+        cand, skip = pending.candidate, pending.drafted
+        agree = _agreeing_prefix(cand.tokens, emitted)
+        tested = min(len(cand.tokens), len(emitted))
+        if agree >= skip and tested > skip:  # the positions past what record() counted
+            self.acceptance.update(cand.kind, cand.match_length + skip, tested - skip, agree - skip)
+
+
+def _agreeing_prefix(tokens: list[int], emitted: np.ndarray) -> int:
+    n = min(len(tokens), len(emitted))
+    a = 0
+    while a < n and tokens[a] == emitted[a]:
+        a += 1
+    return a
 
 
 def _follow_majority(index: SuffixIndex, match: Match, depth: int) -> tuple[list[int], np.ndarray]:

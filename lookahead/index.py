@@ -2,8 +2,9 @@
 
 The index holds several sources of tokens:
 
-* source 0, the *running context* (prompt + output so far). It grows by `extend` and shrinks
-  by `truncate` (rollback after a rejected draft);
+* source 0, the *running context* (prompt + output so far). It grows by `extend` with the
+  tokens the target emitted (drafts are never indexed, so a rejected draft needs no undo) and
+  is emptied by `reset`;
 * sources 1.., *reference* texts the caller registers (the file under edit, retrieved
   passages). They are static.
 
@@ -17,7 +18,8 @@ Why not a suffix automaton or pyahocorasick: an Aho-Corasick automaton matches a
 of patterns built up front; here the "patterns" (every suffix of a growing, rolled-back
 context) change at every token, and rebuilding costs a scan. Hashed n-gram tables plus a
 bounded backward comparison give the same answer (the longest suffix that occurred before,
-up to `max_match`) in microseconds, with memory linear in indexed tokens and an exact undo.
+up to `max_match`) in microseconds, with memory linear in indexed tokens
+(`samples/examples/index_bench.py` measures both on your machine).
 """
 from __future__ import annotations
 
@@ -72,19 +74,6 @@ class _Source:
                     table[key] = [end]
                 else:
                     positions.append(end)
-
-    def pop(self) -> None:
-        end = self.size
-        for n in self.ngram_sizes:
-            if end >= n:
-                table = self.tables[n]
-                key = _key(self.tokens[end - n : end].tolist())
-                positions = table[key]
-                assert positions[-1] == end, "index tables out of order"
-                positions.pop()
-                if not positions:
-                    del table[key]
-        self.size -= 1
 
 
 @dataclass(frozen=True)
@@ -156,14 +145,6 @@ class SuffixIndex:
         ctx = self._sources[CONTEXT]
         for t in tokens:
             ctx.append(int(t))
-
-    def truncate(self, length: int) -> None:
-        """Roll the running context back to its first `length` tokens."""
-        ctx = self._sources[CONTEXT]
-        if not 0 <= length <= ctx.size:
-            raise ValueError(f"cannot truncate a context of {ctx.size} tokens to {length}")
-        while ctx.size > length:
-            ctx.pop()
 
     def reset(self) -> None:
         """Forget the running context (references stay)."""

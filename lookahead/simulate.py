@@ -1,24 +1,41 @@
-"""Offline simulator: replay a recorded greedy output through the index and drafter.
+"""Offline simulator: replay recorded outputs through the index and drafter, without a model.
 
 With temperature 0 the target's choice at every position is fixed by the recorded output,
 so a draft's fate is known without running the model: it is accepted up to the first token
-that differs from the recording. Replaying with a cost curve t(n) gives the passes and the
-time a drafting policy would take, and its speedup over one decode per token, in
-milliseconds of simulated time. Use it to tune the drafter in seconds instead of hours:
+that differs from the recording. (A recorded sample at t > 0 decides acceptance the same way
+under the point-mass rule: a draft token is accepted exactly when the target's sample equals
+it.) Replaying with a verify-cost curve t(n) gives the passes and the time a drafting policy
+would take, and its speedup over one decode per token, in milliseconds of simulated time.
 
-    python -m lookahead.simulate traces.json     # [{"category", "prompt", "output"}, ...]
+    python -m lookahead.simulate TRACES.json [--curve 1:8.8,2:22.9,...] [--temperature T] [-v]
+    python -m lookahead.simulate priors TRACES.json      # the drafter's prior tables, refitted
+
+TRACES.json: [{"id", "category", "temperature", "max_tokens", "prompt": [ids], "output": [ids],
+"references": [[ids], ...]}, ...], written by samples/examples/record_traces.py.
+
+The report gives, per category: the geometric-mean decode speedup, the worst request, an
+end-to-end estimate that adds the prompt's prefill (costed at t(64) / 64 per token) to both
+sides, and an oracle that drafts, at every step, exactly the tokens of the drafter's own
+candidate that the target will accept (when that pays) -- the ceiling of a length policy.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafter import CostModel, Drafter
+from .drafter import _BUCKET_UPPER, N_KINDS, CostModel, Draft, Drafter, _bucket
 from .index import SuffixIndex
+
+# Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core CPU with
+# llama-cpp-python's default threads, as `lookahead bench` learned it during a full run
+# (`lookahead bench samples/workloads.jsonl --json` prints its cost_curve_ms). Replace it with
+# your machine's: `--curve` takes the same form.
+DEFAULT_CURVE = ((1, 8.8), (2, 22.9), (4, 33.4), (8, 56.0), (16, 96.0), (32, 159.0), (64, 296.0))
 
 
 @dataclass
@@ -29,41 +46,101 @@ class Replay:
     accepted: int
     time_ms: float
     plain_ms: float
+    prefill_ms: float = 0.0  # the prompt's prefill, the same for both (for end-to-end figures)
 
     @property
     def speedup(self) -> float:
-        return self.plain_ms / self.time_ms if self.time_ms else 0.0
+        """Decode time of one token per pass over the policy's decode time."""
+        return self.plain_ms / self.time_ms if self.time_ms else 1.0
+
+    @property
+    def end_to_end(self) -> float:
+        total = self.time_ms + self.prefill_ms
+        return (self.plain_ms + self.prefill_ms) / total if total else 1.0
 
 
-def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_ms: Callable[[int], float],
-           references: Sequence[Sequence[int]] = ()) -> Replay:
-    """Replay `output` (greedy tokens after `prompt`) with `drafter`; cost_ms(n) = t(n)."""
+def pinned_cost(points: Sequence[tuple[int, float]] = DEFAULT_CURVE, max_batch: int = 512) -> CostModel:
+    """A cost model that holds `points` ((n, ms), ...) and learns nothing more."""
+    cost = CostModel(max_batch=max_batch)
+    for n_tokens, ms in points:
+        cost.observe(n_tokens, ms)
+    cost.learning = False
+    return cost
+
+
+def _new_index(prompt: Sequence[int], references: Sequence[Sequence[int]]) -> SuffixIndex:
     index = SuffixIndex()
     for ref in references:
         index.add_reference(ref)
     index.extend(prompt)
+    return index
+
+
+def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_ms: Callable[[int], float],
+           references: Sequence[Sequence[int]] = (), max_tokens: int | None = None) -> Replay:
+    """Replay `output` (the target's tokens after `prompt`) with `drafter`; cost_ms(n) = t(n).
+
+    `max_tokens`: the request's cap, which bounds drafts as in the engine (a draft may run past
+    the end of an output that stopped at EOS, and fail there). None: the output's own length,
+    which tells the drafter where the output ends (optimistic for short answers).
+    """
+    cap = len(output) if max_tokens is None else max(int(max_tokens), len(output))
+    index = _new_index(prompt, references)
     drafter.reset()
     pos = passes = drafted = accepted = 0
     time_ms = 0.0
     n = len(output)
     while pos < n:
-        draft = drafter.propose(index, n - pos - 1)
+        draft = drafter.propose(index, cap - pos - 1)
         k = len(draft)
         path = _walk(draft, output[pos : pos + k])
         a = len(path)
         drafter.record(draft, a, path)
-        emitted = list(output[pos : pos + a + 1])
-        index.extend(emitted)
-        pos += len(emitted)
+        index.extend(output[pos : pos + a + 1])
+        pos += a + 1
         passes += 1
         drafted += k
         accepted += a
         time_ms += cost_ms(k + 1)
-    return Replay(n, passes, drafted, accepted, time_ms, n * cost_ms(1))
+    return Replay(n, passes, drafted, accepted, time_ms, n * cost_ms(1), _prefill_ms(prompt, cost_ms))
 
 
-def _walk(draft, truth: Sequence[int]) -> list[int]:
-    """The draft nodes a greedy target accepts when it emits `truth` (chain or tree)."""
+def replay_oracle(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_ms: Callable[[int], float],
+                  references: Sequence[Sequence[int]] = (), max_tokens: int | None = None) -> Replay:
+    """The best a length policy can do with `drafter`'s candidates: knowing the output, draft
+    at every step as much of the candidate's accepted prefix as pays best ((k + 1) / t(k + 1)
+    against 1 / t(1)), or nothing."""
+    cap = len(output) if max_tokens is None else max(int(max_tokens), len(output))
+    index = _new_index(prompt, references)
+    drafter.reset()
+    pos = passes = drafted = accepted = 0
+    time_ms = 0.0
+    n = len(output)
+    while pos < n:
+        cand = drafter.candidate(index, cap - pos - 1)
+        a = 0
+        if cand is not None:
+            a = len(_walk(Draft(cand.tokens, cand.match_length, False, 1.0), output[pos : pos + len(cand.tokens)]))
+        rates = [(j + 1) / cost_ms(j + 1) for j in range(a + 1)]
+        k = int(np.argmax(rates))
+        if rates[k] < drafter.min_gain * rates[0]:
+            k = 0
+        drafter.note_drafted(k)
+        index.extend(output[pos : pos + k + 1])
+        pos += k + 1
+        passes += 1
+        drafted += k
+        accepted += k
+        time_ms += cost_ms(k + 1)
+    return Replay(n, passes, drafted, accepted, time_ms, n * cost_ms(1), _prefill_ms(prompt, cost_ms))
+
+
+def _prefill_ms(prompt: Sequence[int], cost_ms: Callable[[int], float]) -> float:
+    return len(prompt) * cost_ms(64) / 64
+
+
+def _walk(draft: Draft, truth: Sequence[int]) -> list[int]:
+    """The draft nodes a target accepts when it emits `truth` (chain or tree)."""
     if draft.parents is None:
         a = 0
         while a < len(draft) and a < len(truth) and draft.tokens[a] == truth[a]:
@@ -79,22 +156,140 @@ def _walk(draft, truth: Sequence[int]) -> list[int]:
     return path
 
 
-def main(argv: list[str]) -> None:
-    traces = json.load(open(argv[0]))
-    # The curve measured on 2 cores with SmolLM2-135M Q4_1 (../shared/DESIGN.md, t(n) in ms).
-    cost = CostModel(max_batch=512)
-    for n_tokens, ms in ((1, 11), (2, 21), (4, 29), (8, 43), (16, 86), (32, 150), (64, 293)):
-        cost.observe(n_tokens, ms)
-    cost.learning = False
-    by_cat: dict[str, list[float]] = {}
+# ---- the prior tables -----------------------------------------------------------------------
+def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Drafter]) -> np.ndarray:
+    """Per (candidate kind, match-length bucket): [accepted, rejected] candidate tokens.
+
+    At every position of every output, the drafter's candidate (what it would draft on a free
+    curve) is compared with the tokens the target emitted next: each agreeing token
+    counts as accepted at the match length it would have had, the first disagreeing one as
+    rejected, the rest not at all -- the evidence a draft of the whole chain would give. This
+    does not depend on any length policy, so the table it gives can serve as that policy's
+    prior.
+    """
+    counts = np.zeros((N_KINDS, len(_BUCKET_UPPER), 2))
     for t in traces:
-        r = replay(t["prompt"], t["output"], Drafter(cost), cost.cost_ms)
-        by_cat.setdefault(t["category"], []).append(r.speedup)
-        print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} passes {r.passes} "
-              f"tokens/pass {r.tokens / r.passes:.2f} acc {r.accepted}/{r.drafted}")
-    for cat, values in by_cat.items():
-        print(f"{cat:12s} geomean x{float(np.exp(np.mean(np.log(values)))):.3f}")
+        index = _new_index(t["prompt"], t.get("references", ()))
+        output = t["output"]
+        drafter = drafter_factory()
+        for pos in range(len(output)):
+            cand = drafter.candidate(index, len(output) - pos)
+            if cand is not None:
+                truth = output[pos : pos + len(cand.tokens)]
+                a = 0
+                while a < len(truth) and cand.tokens[a] == truth[a]:
+                    counts[cand.kind, _bucket(cand.match_length + a), 0] += 1
+                    a += 1
+                if a < len(truth):
+                    counts[cand.kind, _bucket(cand.match_length + a), 1] += 1
+            index.extend(output[pos : pos + 1])
+    return counts
+
+
+def fit_priors(traces: Sequence[dict], drafter_factory: Callable[[], Drafter], floor: float = 0.02,
+               shrink: float = 30.0) -> np.ndarray:
+    """Acceptance rate per (kind, bucket): each cell's counts plus `shrink` tokens' worth of
+    the same bucket pooled over kinds (so thin cells follow the pool), made
+    non-decreasing in match length (a longer match is never worse evidence) and rounded to
+    the two decimals the drafter ships."""
+    counts = acceptance_counts(traces, drafter_factory)
+    pooled = counts.sum(axis=0)  # [buckets, 2]
+    pooled_rate = (pooled[:, 0] + 1) / (pooled.sum(axis=1) + 2)
+    acc, rej = counts[..., 0], counts[..., 1]
+    rates = (acc + shrink * pooled_rate) / (acc + rej + shrink)
+    rates = np.maximum.accumulate(rates, axis=-1)
+    return np.clip(np.round(rates, 3), floor, 0.995)
+
+
+# ---- command line ---------------------------------------------------------------------------
+def _parse_curve(text: str) -> tuple[tuple[int, float], ...]:
+    try:
+        points = tuple((int(n), float(ms)) for n, ms in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:MS,N:MS,... (e.g. 1:8.8,2:22.9), got {text!r}") from None
+    if not points:
+        raise argparse.ArgumentTypeError(f"expected at least one N:MS point, got {text!r}")
+    return points
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
+def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool], Drafter],
+           verbose: bool = False) -> dict[str, dict[str, float]]:
+    """Replay every trace with the policy and the oracle; per category and 'all':
+    decode speedup (geomean), worst request, end-to-end estimate, oracle, tokens per pass."""
+    rows: dict[str, list[tuple[Replay, Replay]]] = {}
+    for t in traces:
+        sampled = float(t.get("temperature", 0.0)) > 0
+        refs = t.get("references", ())
+        cap = t.get("max_tokens")
+        r = replay(t["prompt"], t["output"], make_drafter(sampled), cost.cost_ms, refs, cap)
+        o = replay_oracle(t["prompt"], t["output"], make_drafter(sampled), cost.cost_ms, refs, cap)
+        if verbose:
+            print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} (oracle x{o.speedup:.2f}) "
+                  f"e2e x{r.end_to_end:.2f} passes {r.passes} tokens/pass {r.tokens / r.passes:.2f} "
+                  f"acc {r.accepted}/{r.drafted}")
+        rows.setdefault(t["category"], []).append((r, o))
+    rows["all"] = [x for v in list(rows.values()) for x in v]
+    out = {}
+    for cat, pairs in rows.items():
+        out[cat] = {
+            "n": len(pairs),
+            "speedup": _geomean([r.speedup for r, _ in pairs]),
+            "worst": min(r.speedup for r, _ in pairs),
+            "end_to_end": _geomean([r.end_to_end for r, _ in pairs]),
+            "worst_end_to_end": min(r.end_to_end for r, _ in pairs),
+            "oracle": _geomean([o.speedup for _, o in pairs]),
+            "tokens_per_pass": sum(r.tokens for r, _ in pairs) / sum(r.passes for r, _ in pairs),
+            "acceptance": (sum(r.accepted for r, _ in pairs) / max(1, sum(r.drafted for r, _ in pairs))),
+        }
+    return out
+
+
+def format_report(summary: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'category':12s} {'n':>3s} {'decode':>7s} {'worst':>6s} {'e2e':>6s} {'worst':>6s} "
+             f"{'oracle':>7s} {'tok/pass':>8s} {'accept':>6s}"]
+    for cat, s in summary.items():
+        lines.append(f"{cat:12s} {s['n']:3d} {s['speedup']:7.3f} {s['worst']:6.3f} {s['end_to_end']:6.3f} "
+                     f"{s['worst_end_to_end']:6.3f} {s['oracle']:7.3f} {s['tokens_per_pass']:8.2f} "
+                     f"{s['acceptance']:6.1%}")
+    return "\n".join(lines)
+
+
+def format_priors(name: str, rates: np.ndarray) -> str:
+    """The table as drafter.py spells it: one row per source kind."""
+    rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(("context", "reference"), rates)]
+    return "\n".join([f"{name} = (", *rows, ")"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lookahead.simulate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="?", choices=("replay", "priors"), default="replay")
+    parser.add_argument("traces")
+    parser.add_argument("--curve", type=_parse_curve, default=DEFAULT_CURVE,
+                        help="verify cost t(n) in ms as N:MS,N:MS,... (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, action="append",
+                        help="only traces recorded at this temperature (repeatable)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
+    args = parser.parse_args(argv)
+    traces = json.load(open(args.traces))
+    if args.temperature:
+        traces = [t for t in traces if float(t.get("temperature", 0.0)) in args.temperature]
+    cost = pinned_cost(args.curve)
+    if args.command == "priors":
+        for sampled in (False, True):
+            chosen = [t for t in traces if (float(t.get("temperature", 0.0)) > 0) == sampled]
+            if chosen:
+                print(format_priors("_PRIOR_MEAN_SAMPLED" if sampled else "_PRIOR_MEAN",
+                                    fit_priors(chosen, lambda: Drafter(cost, sampled=sampled))))
+        return
+    for temperature in sorted({float(t.get("temperature", 0.0)) for t in traces}):
+        chosen = [t for t in traces if float(t.get("temperature", 0.0)) == temperature]
+        print(f"temperature {temperature}: {len(chosen)} traces, curve {dict(args.curve)}")
+        print(format_report(report(chosen, cost, lambda sampled: Drafter(cost, sampled=sampled), args.verbose)))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1:])
+    main()

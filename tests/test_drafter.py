@@ -32,7 +32,7 @@ def hand_prior_table(monkeypatch):
     import lookahead.drafter as drafter
 
     monkeypatch.setattr(drafter, "_BUCKET_UPPER", (2, 5, 11, 23, 1 << 30))
-    monkeypatch.setattr(drafter, "_PRIOR_MEAN", (0.30, 0.50, 0.65, 0.78, 0.88))
+    monkeypatch.setattr(drafter, "_PRIOR_MEAN", ((0.30, 0.50, 0.65, 0.78, 0.88),) * drafter.N_KINDS)
     monkeypatch.setattr(drafter, "_PRIOR_STRENGTH", 6.0)
 
 
@@ -40,15 +40,18 @@ def test_shipped_prior_table_is_well_formed(monkeypatch):
     import lookahead.drafter as shipped
 
     monkeypatch.undo()  # the table as shipped, not the fixture's
-    upper, mean = np.array(shipped._BUCKET_UPPER), np.array(shipped._PRIOR_MEAN)
-    assert len(upper) == len(mean) and upper[0] >= 1 and np.all(np.diff(upper) > 0)
+    upper = np.array(shipped._BUCKET_UPPER)
+    assert upper[0] >= 1 and np.all(np.diff(upper) > 0)
     for table in (shipped._PRIOR_MEAN, shipped._PRIOR_MEAN_SAMPLED):
         mean = np.array(table)
-        assert len(mean) == len(upper)
-        assert np.all((mean > 0) & (mean < 1)) and np.all(np.diff(mean) >= 0)  # longer match, likelier
-    # sampling never accepts a copy more often than greedy decoding does
-    assert np.all(np.array(shipped._PRIOR_MEAN_SAMPLED) <= np.array(shipped._PRIOR_MEAN))
+        assert mean.shape == (shipped.N_KINDS, len(upper))  # one row per source kind
+        assert np.all((mean > 0) & (mean < 1)) and np.all(np.diff(mean, axis=-1) >= 0)  # longer match, likelier
     assert shipped._PRIOR_STRENGTH > 0
+
+
+def rate(model, kind, match_length):
+    """The posterior mean for one match length."""
+    return float(model.rates(kind, np.array([match_length]))[0])
 
 
 def steep_curve(max_batch=128):
@@ -252,8 +255,8 @@ def test_cost_model_rejects_bad_max_batch():
                                                  (11, 0.65), (12, 0.78), (23, 0.78), (24, 0.88), (500, 0.88)])
 def test_acceptance_prior_by_bucket(match_length, prior):
     model = AcceptanceModel()
-    assert model.rate(False, match_length) == pytest.approx(prior)
-    assert model.rate(True, match_length) == pytest.approx(prior)
+    assert rate(model, False, match_length) == pytest.approx(prior)
+    assert rate(model, True, match_length) == pytest.approx(prior)
 
 
 def test_acceptance_update_counts_only_tested_tokens():
@@ -263,23 +266,23 @@ def test_acceptance_update_counts_only_tested_tokens():
     # were never tested and count for nothing.
     model.update(False, 4, drafted=6, accepted=3)
     # bucket <=5: (2 + 0.5 * 6) / (2 + 0 + 6) = 5 / 8
-    assert model.rate(False, 4) == pytest.approx(5 / 8)
+    assert rate(model, False, 4) == pytest.approx(5 / 8)
     # bucket <=11: (1 + 0.65 * 6) / (1 + 1 + 6) = 4.9 / 8
-    assert model.rate(False, 9) == pytest.approx(4.9 / 8)
+    assert rate(model, False, 9) == pytest.approx(4.9 / 8)
     # untouched: other buckets and the reference kind
-    assert model.rate(False, 20) == pytest.approx(0.78)
-    assert model.rate(True, 4) == pytest.approx(0.50)
+    assert rate(model, False, 20) == pytest.approx(0.78)
+    assert rate(model, True, 4) == pytest.approx(0.50)
     assert model.accepted.sum() == 3 and model.rejected.sum() == 1
 
 
 def test_acceptance_update_full_accept_and_first_reject():
     model = AcceptanceModel()
     model.update(True, 1, drafted=2, accepted=2)  # lengths 1, 2: both bucket <=2, no rejection
-    assert model.rate(True, 1) == pytest.approx((2 + 1.8) / (2 + 6))
+    assert rate(model, True, 1) == pytest.approx((2 + 1.8) / (2 + 6))
     model.update(True, 1, drafted=5, accepted=0)  # one rejection at length 1, nothing else
-    assert model.rate(True, 1) == pytest.approx((2 + 1.8) / (3 + 6))
+    assert rate(model, True, 1) == pytest.approx((2 + 1.8) / (3 + 6))
     assert model.rejected.sum() == 1
-    assert model.rate(False, 1) == pytest.approx(0.30)
+    assert rate(model, False, 1) == pytest.approx(0.30)
 
 
 # --- _follow_majority --------------------------------------------------------------------------
@@ -437,7 +440,7 @@ def test_record_full_acceptances_lengthen_drafts_on_a_steep_curve():
     full_accepts(drafter, 10)  # 10 drafts x 30 tokens from a match of 10, all accepted
     # bucket <=11: 20 accepted -> (20 + 3.9) / 26 = 0.9192; bucket <=23: 120 -> 124.68 / 126
     # = 0.9895; bucket >23: 160 -> 165.28 / 166 = 0.9957.
-    rates = [drafter.acceptance.rate(False, 10 + i) for i in range(40)]
+    rates = [rate(drafter.acceptance, False, 10 + i) for i in range(40)]
     assert rates[0] == pytest.approx(23.9 / 26)
     assert rates[2] == pytest.approx(124.68 / 126)
     assert rates[14] == pytest.approx(165.28 / 166)
@@ -475,25 +478,13 @@ def test_record_ignores_empty_drafts_and_keeps_kinds_apart():
     drafter.record(EMPTY_DRAFT, 0)
     assert drafter.acceptance.accepted.sum() == 0 and drafter.acceptance.rejected.sum() == 0
     drafter.record(Draft([1, 2], 3, True, 1.0), 1)
-    assert drafter.acceptance.rate(True, 3) == pytest.approx((1 + 3) / (2 + 6))
-    assert drafter.acceptance.rate(False, 3) == pytest.approx(0.5)
+    assert rate(drafter.acceptance, True, 3) == pytest.approx((1 + 3) / (2 + 6))
+    assert rate(drafter.acceptance, False, 3) == pytest.approx(0.5)
 
 
 def test_drafter_rejects_negative_max_draft():
     with pytest.raises(ValueError, match="max_draft must be >= 0, got -1"):
         Drafter(CostModel(), max_draft=-1)
-
-
-def test_vectorised_rates_equal_scalar_rate():
-    from lookahead.drafter import AcceptanceModel
-
-    model = AcceptanceModel()
-    model.update(False, 3, drafted=5, accepted=2)
-    model.update(True, 30, drafted=8, accepted=8)
-    lengths = np.arange(0, 80)
-    for ref in (False, True):
-        expected = [model.rate(ref, int(n)) for n in lengths]
-        assert np.allclose(model.rates(ref, lengths), expected)
 
 
 # --- tree drafts ------------------------------------------------------------------------------
@@ -587,3 +578,125 @@ def test_record_tree_counts_a_failure_only_where_the_tree_offered_a_child():
 def test_tree_width_must_be_positive():
     with pytest.raises(ValueError, match="tree_width must be >= 1, got 0"):
         Drafter(linear_cost(10.0, 0.0), tree_width=0)
+
+
+# --- CostModel persistence ----------------------------------------------------------------------
+
+def test_cost_model_round_trips_through_json():
+    import json
+
+    cost = steep_cost(max_batch=128)
+    cost.observe(2, 25.0)  # window median of 21 and 25: 23
+    saved = json.loads(json.dumps(cost.to_dict()))
+    assert saved == {"max_batch": 128, "ms": {"1": 11.0, "2": 23.0, "4": 29.0, "8": 43.0, "16": 86.0,
+                                                "32": 150.0, "64": 293.0}}
+    restored = CostModel.from_dict(saved)
+    assert restored.calibrated and restored.max_batch == 128
+    np.testing.assert_allclose(restored.curve(), cost.curve())
+    # a different max_batch (another context size): the points are kept where they fit
+    small = CostModel.from_dict(saved, max_batch=16)
+    assert small.max_batch == 16 and small.cost_ms(16) == pytest.approx(86.0)
+
+
+def test_restored_curve_is_kept_when_real_decodes_agree():
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    for n, ms in ((1, 12.0), (8, 40.0), (1, 10.5)):  # within 1.5x of 11 and 43
+        restored.observe(n, ms)
+    assert not restored.needs_calibration
+    assert restored.cost_ms(64) == pytest.approx(293.0)  # the untouched sizes stay
+    assert restored.cost_ms(1) == pytest.approx(11.0)  # median of 11, 12, 10.5
+
+
+def test_restored_curve_is_dropped_when_real_decodes_disagree():
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    restored.observe(1, 30.0)  # 2.7x slower than saved: a different machine or load
+    restored.observe(8, 5.0)  # a spike the other way
+    assert not restored.needs_calibration  # two checks are not enough yet
+    restored.observe(1, 31.0)  # median of the ratios 2.73, 0.12, 2.82 = 2.73 > 1.5
+    assert restored.needs_calibration and not restored.calibrated
+    assert restored.to_dict()["ms"] == {}
+    restored.observe(1, 30.0)  # from here on it learns as a fresh model (no more probation)
+    restored.observe(2, 60.0)
+    assert restored.calibrated and restored.cost_ms(2) == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize("data", [{}, {"ms": {}}, {"max_batch": 8, "ms": [1, 2]}, {"max_batch": "x", "ms": {}},
+                                  None, {"max_batch": 8, "ms": {"one": 3.0}}])
+def test_from_dict_names_what_is_wrong(data):
+    with pytest.raises(ValueError, match="not a saved cost curve"):
+        CostModel.from_dict(data)
+
+
+def test_from_dict_skips_unusable_points():
+    restored = CostModel.from_dict({"max_batch": 8, "ms": {"1": 10.0, "2": -1.0, "99": 5.0, "4": float("inf")}})
+    assert restored.to_dict() == {"max_batch": 8, "ms": {"1": 10.0}}
+
+
+# --- free evidence -------------------------------------------------------------------------------
+
+def test_a_declined_candidate_is_still_evidence():
+    # Steep curve, match of 10 (prior 0.65): no draft. The engine then emits one token.
+    drafter = Drafter(steep_cost())
+    index = repeat_index()
+    assert len(drafter.propose(index, 64)) == 0
+    index.extend([SEQ[10]])  # the token the candidate predicted
+    drafter.propose(index, 64)  # learns before proposing: one acceptance at length 10
+    assert drafter.acceptance.accepted[0].sum() == 1 and drafter.acceptance.rejected[0].sum() == 0
+    assert rate(drafter.acceptance, 0, 10) == pytest.approx((1 + 0.65 * 6) / (1 + 6))
+    index.extend([7])  # the candidate now predicted SEQ[12] at length 11
+    drafter.propose(index, 64)
+    assert drafter.acceptance.rejected[0].sum() == 1
+    assert rate(drafter.acceptance, 0, 11) == pytest.approx((1 + 0.65 * 6) / (2 + 6))
+
+
+def test_free_evidence_does_not_double_count_a_draft():
+    drafter = Drafter(linear_cost(10.0, 0.0))
+    index = repeat_index()
+    draft = drafter.propose(index, 5)
+    assert draft.tokens == SEQ[10:15]
+    drafter.record(draft, 5)  # all five accepted (lengths 10..14)
+    index.extend(SEQ[10:16])  # ... and the bonus token (the candidate, capped at 5, had no sixth)
+    drafter.propose(index, 5)
+    # record() counted 5 and the free evidence nothing more
+    assert drafter.acceptance.accepted[0].sum() == 5 and drafter.acceptance.rejected[0].sum() == 0
+    # a draft rejected part-way: record() counts the rejection, the emitted correction adds nothing
+    drafter = Drafter(linear_cost(10.0, 0.0))
+    index = repeat_index()
+    draft = drafter.propose(index, 5)
+    drafter.record(draft, 2)
+    index.extend(SEQ[10:12] + [7])
+    drafter.propose(index, 5)
+    assert drafter.acceptance.accepted[0].sum() == 2 and drafter.acceptance.rejected[0].sum() == 1
+
+
+def test_free_evidence_needs_the_same_growing_index():
+    drafter = Drafter(steep_cost())
+    drafter.propose(repeat_index(), 64)
+    drafter.propose(repeat_index(), 64)  # another index: nothing to compare
+    other = repeat_index()
+    drafter.propose(other, 64)
+    drafter.propose(other, 64)  # nothing emitted in between
+    assert drafter.acceptance.accepted.sum() == 0 and drafter.acceptance.rejected.sum() == 0
+
+
+def test_candidate_and_note_drafted_feed_the_same_learning():
+    drafter = Drafter(steep_cost())
+    index = repeat_index()
+    cand = drafter.candidate(index, 8)
+    assert cand.tokens == (SEQ[10:] + SEQ[:10])[:8] and cand.match_length == 10 and cand.kind == 0
+    drafter.note_drafted(3)  # a caller drafted three of them and recorded them itself
+    drafter.record(Draft(cand.tokens[:3], 10, False, 1.0), 3)
+    index.extend(SEQ[10:14])
+    assert drafter.candidate(index, 8).match_length == 14
+    assert drafter.acceptance.accepted[0].sum() == 4  # 3 recorded + the bonus token, free
+    assert drafter.candidate(SuffixIndex(), 8) is None
+
+
+def test_draft_names_the_source_it_copies_from():
+    index = SuffixIndex()
+    index.add_reference([9, 9])
+    index.add_reference(SEQ)
+    index.extend([1, 2, 3] + SEQ[:10])
+    draft = Drafter(linear_cost(10.0, 0.0)).propose(index, 5)
+    assert draft.source == 2 and draft.kind == 1 and draft.from_reference
+    assert Drafter(linear_cost(10.0, 0.0)).propose(repeat_index(), 5).source == 0

@@ -1,0 +1,136 @@
+"""lookahead.simulate: replays that can be checked by hand, the oracle bound, the prior tables.
+
+The last test refits the drafter's shipped prior tables from the committed traces
+(samples/examples/traces.json, written by samples/examples/record_traces.py) with the command
+named next to them in drafter.py, and fails if the shipped numbers are not what it prints.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lookahead.drafter as drafter_module
+from lookahead import simulate
+from lookahead.drafter import CostModel, Drafter
+
+TRACES = Path(__file__).resolve().parents[1] / "samples" / "examples" / "traces.json"
+FLAT = ((1, 10.0), (64, 10.0))  # every decode costs the same: drafting is free
+STEEP = ((1, 10.0), (2, 30.0), (64, 1000.0))  # a draft token costs twice a plain decode
+
+
+def copy_trace():
+    """A prompt holding 60 distinct tokens, then an output that copies them."""
+    body = list(range(1000, 1060))
+    return [1, 2, *body, 3], body
+
+
+def test_replay_without_drafts_is_one_pass_per_token():
+    prompt, output = copy_trace()
+    cost = simulate.pinned_cost(STEEP)
+    r = simulate.replay(prompt, output, Drafter(cost), cost.cost_ms)
+    # On this curve nothing pays (a draft token costs 20 ms for at most 10 ms saved)
+    assert (r.passes, r.drafted, r.accepted) == (60, 0, 0)
+    assert r.time_ms == pytest.approx(600.0) and r.plain_ms == pytest.approx(600.0) and r.speedup == 1.0
+
+
+def test_replay_of_a_copy_on_a_flat_curve():
+    prompt, output = copy_trace()
+    cost = simulate.pinned_cost(FLAT)
+    r = simulate.replay(prompt, output, Drafter(cost), cost.cost_ms)
+    # Step 1: the context ends with 3, which occurred nowhere before: a plain decode emits
+    # 1000. Step 2: [1000] occurred in the prompt; on a flat curve the whole rest is drafted,
+    # 58 tokens (the limit leaves room for the bonus token, the 60th).
+    assert r.passes == 2 and r.accepted == 58 and r.drafted == 58
+    assert r.speedup == pytest.approx(30.0)
+    assert r.prefill_ms == pytest.approx(len(prompt) * 10.0 / 64)
+
+
+def test_replay_counts_a_rejected_draft_and_its_correction():
+    prompt = [5, 6, 7, 8, 9, 4, 5, 6]  # the suffix [5, 6] continues [7, 8, 9, 4, ...]
+    output = [7, 8, 1]  # ... but the target says 1 after [7, 8]
+    cost = simulate.pinned_cost(FLAT)
+    r = simulate.replay(prompt, output, Drafter(cost), cost.cost_ms)
+    # one pass: draft [7, 8] (limit = 3 - 0 - 1 = 2), both accepted, the bonus token is 1
+    assert (r.passes, r.drafted, r.accepted, r.tokens) == (1, 2, 2, 3)
+    output = [7, 2, 1]
+    r = simulate.replay(prompt, output, Drafter(cost), cost.cost_ms)
+    # pass 1: draft [7, 8], 7 accepted, 2 emitted instead of 8; pass 2: [.., 7, 2] has no
+    # match, plain decode of 1
+    assert (r.passes, r.drafted, r.accepted) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_oracle_is_never_slower_than_the_policy(seed):
+    rng = np.random.RandomState(seed)
+    source = rng.randint(10, 60, size=120).tolist()
+    output = [t if rng.rand() > 0.1 else int(rng.randint(10, 60)) for t in source[:100]]
+    for points in (FLAT, STEEP, simulate.DEFAULT_CURVE):
+        cost = simulate.pinned_cost(points)
+        policy = simulate.replay(source, output, Drafter(cost), cost.cost_ms)
+        oracle = simulate.replay_oracle(source, output, Drafter(cost), cost.cost_ms)
+        assert oracle.accepted <= oracle.drafted and oracle.drafted == oracle.accepted  # it never fails
+        assert oracle.time_ms <= policy.time_ms + 1e-9, points
+
+
+def test_acceptance_counts_by_hand():
+    # context [1, 2, 3, 1, 2] then output [3, 9]: at position 0 the suffix [1, 2] (length 2)
+    # continues [3, 1, 2]; the output agrees on 3 (length 2 -> accepted in bucket <=2), then 9
+    # differs from 1 (length 3 -> rejected in bucket <=3). At position 1 the suffix [.., 2, 3]
+    # matches at end 3 (length 3, continuing [1, 2, 3]): 9 differs (rejected at length 3).
+    cost = simulate.pinned_cost(FLAT)
+    trace = {"prompt": [1, 2, 3, 1, 2], "output": [3, 9]}
+    counts = simulate.acceptance_counts([trace], lambda: Drafter(cost))  # [kind, bucket, 2]
+    b2, b3 = drafter_module._bucket(2), drafter_module._bucket(3)
+    assert counts[0, b2].tolist() == [1, 0]
+    assert counts[0, b3].tolist() == [0, 2]
+    assert counts.sum() == 3
+
+
+def test_report_and_command_line(tmp_path, capsys):
+    prompt, output = copy_trace()
+    traces = [{"id": "copy", "category": "edit", "temperature": 0.0, "prompt": prompt, "output": output},
+              {"id": "prose", "category": "open", "temperature": 0.0, "prompt": [1, 2], "output": [5, 6, 7]}]
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps(traces))
+    simulate.main([str(path), "--curve", "1:10,64:10"])
+    out = capsys.readouterr().out
+    assert "edit" in out and "open" in out and "all" in out
+    summary = simulate.report(traces, simulate.pinned_cost(FLAT), lambda sampled: Drafter(simulate.pinned_cost(FLAT)))
+    assert summary["edit"]["speedup"] == pytest.approx(30.0)
+    assert summary["open"]["speedup"] == 1.0 and summary["open"]["worst"] == 1.0
+    with pytest.raises(SystemExit):
+        simulate.main([str(path), "--curve", "ten"])
+
+
+def test_pinned_cost_learns_nothing():
+    cost = simulate.pinned_cost(((1, 8.8), (2, 22.9)))
+    cost.observe(1, 100.0)
+    assert cost.cost_ms(1) == pytest.approx(8.8) and isinstance(cost, CostModel)
+
+
+def test_shipped_priors_are_what_the_command_prints():
+    traces = json.loads(TRACES.read_text())
+    cost = simulate.pinned_cost()
+    for sampled, shipped in ((False, drafter_module._PRIOR_MEAN), (True, drafter_module._PRIOR_MEAN_SAMPLED)):
+        chosen = [t for t in traces if (t["temperature"] > 0) == sampled]
+        assert chosen, f"no traces with sampled={sampled} in {TRACES}"
+        fitted = simulate.fit_priors(chosen, lambda: Drafter(cost, sampled=sampled))
+        np.testing.assert_allclose(np.array(shipped), fitted, atol=1e-9)
+
+
+def test_priors_command_prints_tables_drafter_py_can_hold(tmp_path, capsys):
+    rng = np.random.RandomState(0)
+    source = rng.randint(10, 200, size=80).tolist()
+    traces = [{"id": "a", "category": "edit", "temperature": 0.0, "prompt": source, "output": source[:60]},
+              {"id": "b", "category": "edit", "temperature": 0.7, "prompt": source, "output": source[5:40]}]
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps(traces))
+    simulate.main(["priors", str(path)])
+    out = capsys.readouterr().out
+    namespace = {}
+    exec(out, namespace)  # valid Python, the shape drafter.py uses
+    for name in ("_PRIOR_MEAN", "_PRIOR_MEAN_SAMPLED"):
+        table = np.array(namespace[name])
+        assert table.shape == np.array(drafter_module._PRIOR_MEAN).shape
+        assert np.all((table >= 0.02) & (table <= 0.995)) and np.all(np.diff(table, axis=-1) >= 0)
