@@ -92,13 +92,15 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
         _PREFIX_STATES.pop(llm, None)
     cost = _COST_MODELS.get(llm)
     if cost is None or cost.max_batch != target.max_batch:
-        cost = CostModel(max_batch=target.max_batch)
-        # Timings measured for this model, build and machine in an earlier process: no
-        # calibration in the first request. Real decodes keep updating the curve (a windowed
-        # median per size), so stale figures are replaced as the request runs.
+        # The curve measured for this model, build and machine in an earlier process: no
+        # calibration in the first request. It is on probation: if the first real decodes
+        # disagree with it by more than 1.5x (another load, another machine), it is dropped
+        # and measured again (CostModel.from_dict).
         known = cache.get(MEASUREMENTS, target.measurement_key) or {}
-        for n, ms in (known.get("verify_ms") or {}).items():
-            cost.observe(int(n), float(ms))
+        try:
+            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": known["verify_ms"]})
+        except (KeyError, ValueError):
+            cost = CostModel(max_batch=target.max_batch)
         if known.get("decode_threads") and threads == "auto" and llm not in _TUNED_THREADS:
             _TUNED_THREADS[llm] = int(known["decode_threads"])
         _COST_MODELS[llm] = cost
@@ -268,6 +270,7 @@ class LlamaCppTarget:
         self.threads = threads
         self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
         self._measurement_key: str | None = None
+        self._saved_observations = 0  # the cost curve's observation count when last saved
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -468,6 +471,11 @@ class LlamaCppTarget:
         self.n_past = n_keep
 
     def end(self, kv_tokens: Sequence[int]) -> None:
+        cost = _COST_MODELS.get(self.llm)
+        if cost is not None and cost.calibrated and cost.observations - self._saved_observations >= 64:
+            # what real decodes taught the curve, for the next process (not only the calibration)
+            self._remember(verify_ms=cost.to_dict()["ms"])
+            self._saved_observations = cost.observations
         if self._llama_threads is not None:  # give the Llama back its own thread settings
             self._lib.llama_set_n_threads(self._ctx, *self._llama_threads)
             self._llama_threads = None

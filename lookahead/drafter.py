@@ -146,6 +146,11 @@ class CostModel:
     def calibrated(self) -> bool:
         return int(np.count_nonzero(self._seen)) >= 2
 
+    @property
+    def observations(self) -> int:
+        """Timings taken into the curve so far (restored points count once)."""
+        return int(self._seen.sum())
+
     def to_dict(self) -> dict[str, Any]:
         """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only)."""
         sizes = np.flatnonzero(self._seen)
