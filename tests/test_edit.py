@@ -1,0 +1,294 @@
+"""lookahead.edit: the text logic (pure) and rewrites with the embedded model."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from conftest import SAMPLES
+from lookahead import edit
+from lookahead.edit import (AnswerCleaner, build_rewrite_messages, clean_answer, count_consecutive, find_loop,
+                            is_chatter, output_bound, piece_budget, split_text, strip_fences)
+
+TALLYBOOK = (SAMPLES / "docs" / "tallybook_readme.md").read_text()
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer for the pure tests: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def stream_clean(answer: str, source: str, step: int = 5) -> tuple[str, AnswerCleaner]:
+    """Feed `answer` to a cleaner `step` characters at a time, as a model stream would."""
+    cleaner = AnswerCleaner(source)
+    out = "".join(cleaner.feed(answer[i : i + step]) for i in range(0, len(answer), step))
+    return out + cleaner.finish(), cleaner
+
+
+# ---- the prompt ----------------------------------------------------------------------------
+def test_prompt_puts_the_document_first_so_edits_share_a_prefix():
+    a = build_rewrite_messages(TALLYBOOK, "Fix the typos", "README.md")[0]["content"]
+    b = build_rewrite_messages(TALLYBOOK, "Use British spelling.", "README.md")[0]["content"]
+    assert a.startswith(TALLYBOOK) and b.startswith(TALLYBOOK)
+    assert "Fix the typos in the document above" in a
+    code = build_rewrite_messages("x = 1\n", "Add type hints", "main.py")[0]["content"]
+    assert "in the file above" in code
+    with pytest.raises(ValueError, match="instruction is empty"):
+        build_rewrite_messages(TALLYBOOK, "  ")
+
+
+# ---- cleaning: fences and chatter ----------------------------------------------------------------
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_fenced_answer_with_chatter_is_unwrapped_and_the_tail_dropped(step):
+    source = "# Title\n\nSome text.\n\n```bash\npip install .\n```\n"
+    answer = ("Here is the revised document:\n\n```markdown\n# Title\n\nSome better text.\n\n"
+              "```bash\npip install .\n```\n```\n\nI fixed the wording of the first paragraph.")
+    out, cleaner = stream_clean(answer, source, step)
+    assert out == "# Title\n\nSome better text.\n\n```bash\npip install .\n```"
+    assert cleaner.stopped == "fence"
+    assert cleaner.dropped[:2] == ["Here is the revised document:", "```markdown"]
+
+
+def test_a_source_that_starts_with_a_fence_keeps_it():
+    source = "```\nverbatim\n```\n"
+    out, _ = stream_clean("```\nverbatim!\n```\n", source)
+    assert out == "```\nverbatim!\n```"
+
+
+def test_stray_closing_fence_at_the_end_is_dropped():
+    out, _ = stream_clean("line one\nline two\n```\n", "line one\nline 2\n")
+    assert out == "line one\nline two"
+
+
+@pytest.mark.parametrize("line, chatter", [
+    ("Here is the revised document:", True),
+    ("Sure! Here's the corrected text.", True),
+    ("**Revised document:**", True),
+    ("The revised README", True),
+    ("Here we describe the install steps in detail and why they matter", False),
+    ("# tallybook", False),
+    ("Certainly the fastest way to install it is pip", False),
+])
+def test_chatter_lines(line, chatter):
+    assert is_chatter(line) is chatter
+
+
+def test_a_first_line_that_is_in_the_source_is_never_dropped_as_chatter():
+    source = "Here is the revised plan:\n\n- one\n"
+    out, _ = stream_clean("Here is the revised plan:\n\n- one\n- two\n", source)
+    assert out.startswith("Here is the revised plan:")
+
+
+def test_strip_fences_on_a_whole_answer():
+    assert strip_fences("```python\nx = 1\n```\n") == "x = 1"
+    assert strip_fences("x = 1\n") == "x = 1\n"
+
+
+# ---- loops ---------------------------------------------------------------------------------------
+def test_the_demo_loop_is_stopped_and_cut_to_one_copy():
+    # What SmolLM2-135M did with the tallybook README (instruction-first prompt): a line whose
+    # version number counts up, forever.
+    head = "# tallybook\n\nTrack your time.\n\n## Installation\n\n"
+    answer = head + "".join(f"To install tallybook, you need to have Python 3.{n} or newer.\n\n" for n in range(9, 40))
+    out, cleaner = stream_clean(answer, TALLYBOOK)
+    assert cleaner.stopped == "loop"
+    assert out == head + "To install tallybook, you need to have Python 3.9 or newer."
+    assert out.count("To install") == 1
+
+
+def test_a_block_of_lines_repeated_back_to_back_is_a_loop():
+    block = "To install it:\n\n```bash\npip install -r requirements.txt\n```\n\n"
+    out, cleaner = stream_clean("# Doc\n\n" + block * 4, "# Doc\n\nTo install it, run pip.\n")
+    assert cleaner.stopped == "loop"
+    assert out.count("pip install") == 1
+
+
+def test_repeats_that_the_source_has_are_not_a_loop():
+    source = "rows:\n" + "| x | 0 |\n" * 4 + "end\n"
+    out, cleaner = stream_clean(source.replace("rows", "Rows"), source)
+    assert cleaner.stopped is None
+    assert out == source.replace("rows", "Rows").rstrip("\n")
+
+
+def test_short_lines_may_repeat_twice_but_not_three_times():
+    assert find_loop(["a", "}", "}"]) is None
+    assert find_loop(["a", "}", "}", "}"]) == (1, 2)
+    assert find_loop(["", "", "", "", ""]) is None  # blank lines are never a loop
+    long_line = "This sentence is long enough to count as content."
+    assert find_loop(["x", long_line, long_line]) == (1, 1)
+
+
+def test_count_consecutive_copies_in_the_source():
+    assert count_consecutive(["a", "b", "a", "b", "a", "b", "c"], ["a", "b"]) == 3
+    assert count_consecutive(["a", "b", "c"], ["b", "a"]) == 0
+
+
+def test_held_lines_are_released_once_the_repeat_breaks():
+    # "- item" twice is not (yet) a loop: held while it might become one, then released.
+    cleaner = AnswerCleaner("list\n")
+    shown = cleaner.feed("list:\n- item\n- item\n")
+    assert "- item\n- item" not in shown
+    shown += cleaner.feed("- other\n") + cleaner.finish()
+    assert shown == "list:\n- item\n- item\n- other"
+    assert cleaner.stopped is None
+
+
+def test_streamed_text_equals_the_cleaned_text():
+    answer = "Sure, here is the revised document:\n```\nA\n\nB  \nB2\n\n\nC\n```\n"
+    for step in (1, 2, 7, 100):
+        out, cleaner = stream_clean(answer, "A\n\nB\n\nC\n", step)
+        assert out == cleaner.text == "A\n\nB  \nB2\n\n\nC"
+    assert clean_answer(answer, "A\n\nB\n\nC\n") == "A\n\nB  \nB2\n\n\nC"
+
+
+# ---- bounds and splitting -------------------------------------------------------------------------
+def test_output_bound_and_piece_budget():
+    assert output_bound(507) == 660 + 32  # ceil(1.3 * 507) + slack
+    assert output_bound(0) == 32
+    budget = piece_budget(512, 100)
+    assert budget + output_bound(budget) + 100 <= 512
+
+
+def long_markdown(sections: int = 12) -> str:
+    """A deterministic long Markdown text built from the sample documents."""
+    docs = [(SAMPLES / "docs" / name).read_text() for name in ("tallybook_readme.md", "howto_backups.md",
+                                                              "meeting_notes.md")]
+    return "\n".join(f"{docs[i % 3]}\n## Part {i}\n\nEnd of part {i}.\n" for i in range(sections))
+
+
+@pytest.mark.parametrize("budget", [8, 40, 150, 600])
+def test_split_covers_the_text_exactly_in_order_within_budget(budget):
+    text = long_markdown(4)
+    spans = split_text(text, budget, words)
+    assert "".join(text[s:e] for s, e in spans) == text
+    assert all(s < e for s, e in spans) and spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(words(text[s:e]) <= budget for s, e in spans)
+
+
+def test_split_prefers_headings_then_paragraphs():
+    text = long_markdown(4)
+    spans = split_text(text, 150, words)
+    starts = [text[s:].split("\n", 1)[0] for s, _ in spans[1:]]
+    # every cut falls at the start of a line after a blank line (a paragraph or a heading)
+    assert all(text[s - 2 : s] == "\n\n" for s, _ in spans[1:])
+    assert sum(line.startswith("#") for line in starts) >= len(starts) // 2
+
+
+def test_split_code_at_top_level_definitions():
+    code = (SAMPLES / "code" / "textutils.py").read_text()
+    spans = split_text(code, 60, words, code=True)
+    assert "".join(code[s:e] for s, e in spans) == code
+    for s, _ in spans[1:]:
+        first = code[s:].split("\n", 1)[0]
+        assert first and not first[0].isspace(), f"cut inside a block: {first!r}"
+
+
+def test_split_a_text_with_no_boundaries_cuts_at_characters():
+    text = "x" * 1000
+    spans = split_text(text, 10, lambda s: -(-len(s) // 20))  # one token per 20 characters
+    assert "".join(text[s:e] for s, e in spans) == text
+    assert [e - s for s, e in spans] == [200] * 5
+    assert split_text("", 10, words) == []
+    with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
+        split_text("a b", 0, words)
+
+
+def test_bad_region_and_arguments_name_the_value():
+    class Fake:  # rewrite checks its arguments before any model call
+        pass
+
+    with pytest.raises(ValueError, match=r"region \(5, 2\) is outside the text"):
+        edit.rewrite(Fake(), "hello world", "Fix", region=(5, 2))
+    with pytest.raises(ValueError, match="region must be"):
+        edit.rewrite(Fake(), "hello world", "Fix", region="all")
+    with pytest.raises(ValueError, match="instruction is empty"):
+        edit.rewrite(Fake(), "hello", " ")
+    with pytest.raises(ValueError, match="'references' is set by rewrite"):
+        edit.rewrite(Fake(), "hello", "Fix", references=["x"])
+
+
+def test_merge_speculation_sums_the_pieces():
+    a = {"prompt_tokens": 10, "generated_tokens": 5, "target_passes": 2, "drafted": 4, "accepted": 3,
+         "accept_histogram": {"3": 1}, "total_ms": 100.0, "prefill_ms": 50.0, "speculative": True}
+    b = {"prompt_tokens": 20, "generated_tokens": 7, "target_passes": 7, "drafted": 0, "accepted": 0,
+         "accept_histogram": {}, "total_ms": 60.0, "prefill_ms": 20.0, "speculative": True}
+    m = edit.merge_speculation([a, b, {}])
+    assert (m["prompt_tokens"], m["generated_tokens"], m["target_passes"]) == (30, 12, 9)
+    assert m["accept_histogram"] == {"3": 1} and m["tokens_per_pass"] == round(12 / 9, 4)
+    assert m["total_ms"] == 160.0
+
+
+# ---- with the embedded model --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fast_small():
+    """The embedded model with a 512-token context: long texts need several pieces."""
+    import lookahead
+
+    return lookahead.load(n_ctx=512, n_threads=os.cpu_count() or 1)
+
+
+def lines_repeated_back_to_back(text: str) -> int:
+    """Most back-to-back copies of any non-blank line or two-line block in `text`."""
+    lines = [l for l in text.split("\n") if l.strip()]
+    return max([count_consecutive(lines, lines[i : i + p]) for p in (1, 2) for i in range(len(lines) - p + 1)] or [0])
+
+
+@pytest.mark.model
+def test_readme_demo_is_bounded_and_does_not_loop():
+    """The README's first command, through the CLI: a bounded rewrite with no repeated-line loop."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bin_ = Path(sys.executable).parent / "lookahead"
+    out = subprocess.run([str(bin_), "rewrite", str(SAMPLES / "docs" / "tallybook_readme.md"),
+                          "--instruction", "Fix the spelling mistakes", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    text = result["text"]
+    n_src = result["speculation"]["prompt_tokens"]
+    assert result["speculation"]["generated_tokens"] <= output_bound(507)
+    assert 0.5 * len(TALLYBOOK) <= len(text) <= 1.3 * len(TALLYBOOK) + 200, text
+    assert lines_repeated_back_to_back(text) <= 1, text
+    assert "```" not in text and not text.lower().startswith("here")
+    assert n_src > 507
+
+
+@pytest.mark.model
+def test_a_text_twice_the_context_is_rewritten_in_order_streamed(fast_small):
+    text = "\n".join(f"## Step {i}\n\nStep {i} of the backup plan: copy folder {chr(65 + i)} to the disk "
+                     f"labelled {chr(65 + i)}{i} and check the copy.\n" for i in range(26))
+    n_tokens = len(fast_small.target.tokenize(text, add_bos=False, special=False))
+    assert n_tokens >= 2 * 512 * 0.9, n_tokens  # about twice the context
+    seen_pieces = []
+    rw = edit.rewrite(fast_small, text, "Copy the document exactly", filename="plan.md",
+                      on_piece=lambda i, n, span: seen_pieces.append((i, n, span)))
+    streamed = list(rw)
+    result = rw.result
+    assert len(rw.plan) >= 4 and [p[0] for p in seen_pieces] == list(range(len(rw.plan)))
+    assert len(streamed) > len(rw.plan)  # several chunks per piece: streamed, not returned at the end
+    assert "".join(streamed) == result.text
+    # every piece present, in order: each step's heading and its folder letter
+    positions = [result.text.find(f"## Step {i}\n") for i in range(26)]
+    assert all(p >= 0 for p in positions), [i for i, p in enumerate(positions) if p < 0]
+    assert positions == sorted(positions)
+    assert [(p.start, p.end) for p in result.pieces] == rw.plan
+    assert result.pieces[-1].end == len(text) and result.region == (0, len(text))
+    assert all(p.speculation.get("generated_tokens", 0) <= p.max_tokens for p in result.pieces)
+    assert result.speculation["generated_tokens"] == sum(p.speculation["generated_tokens"] for p in result.pieces)
+
+
+@pytest.mark.model
+def test_region_rewrite_leaves_the_rest_alone(fast_small):
+    text = "Keep this line.\n\nteh cat sat on teh mat.\n\nKeep this one too.\n"
+    start = text.index("teh cat")
+    end = text.index("\n\nKeep this one")
+    result = edit.rewrite(fast_small, text, "Fix the typos", region=(start, end), stream=False)
+    assert result.document.startswith("Keep this line.\n\n")
+    assert result.document.endswith("\n\nKeep this one too.\n")
+    assert result.document == text[:start] + result.text + text[end:]
+    assert "cat" in result.text and "mat" in result.text
