@@ -678,13 +678,13 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
 
     overhead = count_tokens(build_rewrite_messages("", instruction, filename)[0]["content"]) + TEMPLATE_SLACK_TOKENS
     fits = piece_budget(fast.target.n_ctx, overhead, growth)
+    if fits < MIN_PIECE_TOKENS:
+        raise ValueError(f"a context of {fast.target.n_ctx} tokens leaves {fits} tokens per piece for this "
+                         f"instruction ({overhead} tokens of prompt around the text); use a larger n_ctx")
     if piece_tokens is not None:
         if piece_tokens < 1:
             raise ValueError(f"piece_tokens must be >= 1, got {piece_tokens!r}")
         fits = min(fits, piece_tokens)
-    if fits < MIN_PIECE_TOKENS:
-        raise ValueError(f"a context of {fast.target.n_ctx} tokens leaves {fits} tokens per piece for this "
-                         f"instruction ({overhead} tokens of prompt around the text); use a larger n_ctx")
     spans = split_text(text[start:end], fits, count_tokens, code=is_code(filename))
     plan = [(start + s, start + e) for s, e in spans]
     rw = Rewrite(fast, text, instruction, (start, end), filename, plan, max_tokens, growth,

@@ -292,3 +292,99 @@ def test_region_rewrite_leaves_the_rest_alone(fast_small):
     assert result.document.endswith("\n\nKeep this one too.\n")
     assert result.document == text[:start] + result.text + text[end:]
     assert "cat" in result.text and "mat" in result.text
+
+
+# ---- the orchestration, with a scripted stand-in for the model -------------------------------------
+class ScriptedModel:
+    """Looks like a Lookahead to `edit.rewrite`: word tokens, and answers made by `answer(source)`."""
+
+    def __init__(self, answer, n_ctx=4096):
+        self.answer = answer
+        self.requests: list[dict] = []
+        self.closed = 0
+        model = self
+
+        class Target:
+            def tokenize(self, text, add_bos=False, special=False):
+                return text.split()
+
+        self.target = Target()
+        self.target.n_ctx = n_ctx
+        self.last_stats = None
+
+    def create_chat_completion(self, messages, references=None, stream=False, max_tokens=None, **kw):
+        self.requests.append(dict(messages=messages, references=references, max_tokens=max_tokens, **kw))
+        source = references[0]
+        words_out = re.findall(r"\s*\S+|\s+$", self.answer(source))[:max_tokens]  # one token per word
+        model = self
+
+        def chunks():
+            try:
+                for w in words_out:
+                    yield {"choices": [{"delta": {"content": w}, "finish_reason": None}]}
+                finish = "length" if len(words_out) >= max_tokens else "stop"
+                yield {"choices": [{"delta": {}, "finish_reason": finish}],
+                       "speculation": {"generated_tokens": len(words_out), "prompt_tokens": len(source.split())}}
+            finally:
+                model.closed += 1
+
+        return chunks()
+
+
+def test_pieces_stream_in_order_with_the_source_blank_lines_kept():
+    text = long_markdown(3)
+    model = ScriptedModel(lambda source: "Here is the revised document:\n\n" + source.upper())
+    rw = edit.rewrite(model, text, "Shout", piece_tokens=120, filename="doc.md")
+    streamed = list(rw)
+    result = rw.result
+    assert len(rw.plan) > 3 and len(model.requests) == len(rw.plan)
+    assert result.text == "".join(streamed) == text.upper()  # leading/trailing blank lines of each piece kept
+    assert result.finish_reason == "stop" and result.warnings == []
+    # each request's reference is its piece, less the blank lines around it (indentation kept)
+    assert [r["references"][0] for r in model.requests] == [re.sub(r"^(?:[ \t]*\n)*", "", text[s:e].rstrip())
+                                                             for s, e in rw.plan]
+    assert all(r["temperature"] == 0.0 for r in model.requests)
+    assert all(r["max_tokens"] == output_bound(len(r["references"][0].split())) for r in model.requests)
+
+
+def test_a_looping_piece_is_cut_warned_and_the_next_piece_still_runs():
+    text = "# One\n\nfirst part here\n\n# Two\n\nsecond part here\n"
+
+    def answer(source):
+        if "first" in source:
+            return source + "\n" + "and again the same long line of text\n" * 20
+        return source
+
+    model = ScriptedModel(answer)
+    result = edit.rewrite(model, text, "Copy", piece_tokens=5, stream=False)
+    assert len(result.pieces) == 2
+    assert result.finish_reason == "loop" and result.pieces[0].finish_reason == "loop"
+    assert "loop of repeated lines" in result.warnings[0] and "piece 1/2" in result.warnings[0]
+    assert result.text.count("and again") == 1 and result.text.endswith("second part here\n")
+    assert model.closed == 2  # the looping request was closed, not drained
+
+
+def test_an_empty_answer_keeps_the_original_and_says_so():
+    model = ScriptedModel(lambda source: "```\n```")
+    result = edit.rewrite(model, "keep me\n", "Fix", stream=False)
+    assert result.text == "keep me\n"
+    assert result.pieces[0].finish_reason == "empty" and "kept the original" in result.warnings[0]
+
+
+def test_region_only_sends_the_region_and_replaces_it():
+    text = "before\n\nmiddle part\n\nafter\n"
+    start, end = text.index("middle"), text.index("part") + 4
+    model = ScriptedModel(lambda source: source.replace("middle", "MIDDLE"))
+    result = edit.rewrite(model, text, "Caps", region=(start, end), stream=False)
+    assert model.requests[0]["references"] == ["middle part"]
+    assert result.text == "MIDDLE part" and result.document == "before\n\nMIDDLE part\n\nafter\n"
+
+
+def test_max_tokens_over_the_whole_rewrite():
+    text = "# One\n\none two three four\n\n# Two\n\nfive six seven eight\n"
+    model = ScriptedModel(lambda source: source)
+    result = edit.rewrite(model, text, "Copy", piece_tokens=6, max_tokens=6, stream=False)
+    assert result.finish_reason == "length"
+    assert model.requests[0]["max_tokens"] == 6 and len(model.requests) == 1
+    assert any("max_tokens used up" in w for w in result.warnings)
+    assert result.text.endswith("# Two\n\nfive six seven eight\n")  # the untouched part kept as it was
