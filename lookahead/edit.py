@@ -221,6 +221,8 @@ class AnswerCleaner:
         self._head = True  # still looking at the answer's first lines (chatter / fence)
         self._fenced = False  # the answer opened a fence around the whole document
         self._inner_fence = False  # inside a fence of the document itself
+        self._source_fences = sum(is_fence(l) for l in self.source_lines)
+        self._body_fences = 0  # fence lines of the document's own code blocks seen in the answer
         self._pending_newlines = ""  # newlines held until text follows them
         self._emitted_any = False
         self.stopped: str | None = None  # "fence" or "loop"
@@ -250,7 +252,6 @@ class AnswerCleaner:
         out = []
         if complete:
             # a partial line that had been released is now complete
-            first = complete[0]
             already = self._partial_released
             self._partial_released = 0
             for i, line in enumerate(complete):
@@ -273,10 +274,11 @@ class AnswerCleaner:
                 return ""
             self._head = False
         if self._fenced and is_fence(line):
-            if self._inner_fence:
+            if self._inner_fence:  # closes a code block of the document
                 self._inner_fence = False
-            elif _FENCE.match(line).group(2):  # ```lang inside: the document's own fence
-                self._inner_fence = True
+            elif _FENCE.match(line).group(2) or self._body_fences < self._source_fences:
+                self._inner_fence = True  # ```lang, or a bare fence the source has too: the document's own
+                self._body_fences += 2
             else:  # the fence that closes the whole answer
                 self.stopped = "fence"
                 self.dropped.append(line)
@@ -370,10 +372,10 @@ def split_text(text: str, max_tokens: int, count_tokens: Callable[[str], int], *
                code: bool = False, min_fill: float = 0.5) -> list[tuple[int, int]]:
     """Cut `text` into (start, end) spans of at most `max_tokens` tokens each, covering it in order.
 
-    Cuts fall at the coarsest boundary that keeps a piece at least `min_fill` of the budget:
-    Markdown headings (prose) or top-level definitions after a blank line (code), then
-    blank-line paragraphs, then line ends, then spaces; a piece with none of these is cut
-    at a character. Blank lines stay at the end of the piece before the cut. The spans
+    A piece ends before the last Markdown heading (prose) or top-level definition after a
+    blank line (code) that fits, if that fills at least `min_fill` of the budget; else before
+    the last blank-line paragraph that fits, else the last line, else the last space; a
+    piece with none of these is cut at a character. Blank lines stay at the end of the piece before the cut. The spans
     always join back to `text`: text == "".join(text[s:e] for s, e in spans).
     """
     if max_tokens < 1:
@@ -389,17 +391,14 @@ def split_text(text: str, max_tokens: int, count_tokens: Callable[[str], int], *
             spans.append((start, n))
             break
         reach = start + 32 * max_tokens  # no token is 32 characters long: cuts past this never fit
-        best, best_tokens = None, 0
-        for cuts in levels:
+        best = None
+        for depth, cuts in enumerate(levels):
             fit = _farthest_fit(text, start, [c for c in cuts if start < c < min(n, reach)], max_tokens, count_tokens)
             if fit is None:
                 continue
-            tokens = count_tokens(text[start:fit])
-            if tokens >= min_fill * max_tokens:
-                best = fit
+            if depth > 0 or count_tokens(text[start:fit]) >= min_fill * max_tokens:
+                best = fit  # sections when they fill the piece; else the last paragraph, line, space
                 break
-            if tokens > best_tokens:
-                best, best_tokens = fit, tokens
         if best is None:  # no boundary within the budget: cut at a character
             best = _farthest_fit(text, start, list(range(start + 1, min(n, reach))), max_tokens, count_tokens)
             best = best if best is not None else start + 1

@@ -388,3 +388,10 @@ def test_max_tokens_over_the_whole_rewrite():
     assert model.requests[0]["max_tokens"] == 6 and len(model.requests) == 1
     assert any("max_tokens used up" in w for w in result.warnings)
     assert result.text.endswith("# Two\n\nfive six seven eight\n")  # the untouched part kept as it was
+
+
+def test_bare_code_fences_of_the_document_inside_a_fenced_answer():
+    source = "Run:\n\n```\nmake\n```\n\nDone.\n"
+    answer = "```markdown\nRun this:\n\n```\nmake\n```\n\nDone.\n```\nHope this helps!"
+    out, cleaner = stream_clean(answer, source)
+    assert out == "Run this:\n\n```\nmake\n```\n\nDone." and cleaner.stopped == "fence"
