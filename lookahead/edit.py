@@ -107,9 +107,9 @@ def strip_fences(text: str) -> str:
     return text
 
 
-def clean_answer(answer: str, source: str) -> str:
+def clean_answer(answer: str, source: str, echo_lines: Sequence[str] = ()) -> str:
     """The whole-answer form of what `rewrite` does while streaming (fences, chatter, loops)."""
-    cleaner = AnswerCleaner(source)
+    cleaner = AnswerCleaner(source, echo_lines)
     out = cleaner.feed(answer)
     return out + cleaner.finish()
 
@@ -202,14 +202,18 @@ class AnswerCleaner:
 
     feed(delta) -> text safe to show; finish() -> the rest. It drops leading chatter lines and
     an opening fence (unless the source itself starts that way), stops at the fence that
-    closes it (`stopped` = "fence"), stops a loop of repeated lines (`stopped` = "loop", the
+    closes it (`stopped` = "fence") or at a line of the prompt's instruction repeated
+    (`echo_lines`; `stopped` = "echo"), stops a loop of repeated lines (`stopped` = "loop", the
     repeats cut, `loop_block` the repeated lines), and strips leading and trailing blank
     lines (the caller puts the source's own back). Lines that might be the start of a repeat
     are held until they are known not to be.
     """
 
-    def __init__(self, source: str, max_period: int = LOOP_MAX_PERIOD):
+    def __init__(self, source: str, echo_lines: Sequence[str] = (), max_period: int = LOOP_MAX_PERIOD):
         self.source_lines = source.split("\n")
+        # lines of the prompt that are not the document (the instruction): a model that
+        # repeats one has finished the document
+        self._echo = {l.strip() for l in echo_lines if l.strip()} - {l.strip() for l in self.source_lines}
         src_first = next((l for l in self.source_lines if l.strip()), "")
         self._source_starts_fenced = is_fence(src_first)
         self._source_first = src_first.strip()
@@ -225,7 +229,7 @@ class AnswerCleaner:
         self._body_fences = 0  # fence lines of the document's own code blocks seen in the answer
         self._pending_newlines = ""  # newlines held until text follows them
         self._emitted_any = False
-        self.stopped: str | None = None  # "fence" or "loop"
+        self.stopped: str | None = None  # "fence", "echo" or "loop"
         self.loop_block: list[str] = []
         self.dropped: list[str] = []  # lines dropped as chatter or fences
 
@@ -273,6 +277,10 @@ class AnswerCleaner:
                 self.dropped.append(line)
                 return ""
             self._head = False
+        if line.strip() in self._echo:
+            self.stopped = "echo"
+            self.dropped.append(line)
+            return self._release_lines(len(self.lines))
         if self._fenced and is_fence(line):
             if self._inner_fence:  # closes a code block of the document
                 self._inner_fence = False
@@ -432,6 +440,17 @@ def piece_budget(n_ctx: int, overhead_tokens: int, growth: float = DEFAULT_GROWT
     return int((n_ctx - overhead_tokens - slack) / (1.0 + growth))
 
 
+def _instruction_lines(messages: list[dict], document: str) -> list[str]:
+    """The lines of the request that are not the document (the instruction's wording)."""
+    out = []
+    for message in messages:
+        content = message.get("content") or ""
+        at = content.find(document) if document else -1
+        rest = content[:at] + "\n" + content[at + len(document):] if at >= 0 else content
+        out.extend(l for l in rest.split("\n") if l.strip())
+    return out
+
+
 def _edges(piece: str) -> tuple[str, str, str]:
     """(leading blank lines, core, trailing whitespace) of a piece of source text."""
     core_end = len(piece.rstrip())
@@ -565,11 +584,11 @@ class Rewrite:
                 limit = min(limit, budget_left)
             result = PieceResult(start, end, n_src, limit)
             pieces.append(result)
-            cleaner = AnswerCleaner(core)
+            messages = build_rewrite_messages(core, self.instruction, self.filename)
+            cleaner = AnswerCleaner(core, echo_lines=_instruction_lines(messages, core))
             emitted: list[str] = []
-            chunks = self.fast.create_chat_completion(
-                build_rewrite_messages(core, self.instruction, self.filename),
-                references=[core], stream=True, max_tokens=limit, **self.sampling)
+            chunks = self.fast.create_chat_completion(messages, references=[core], stream=True, max_tokens=limit,
+                                                      **self.sampling)
             finish = None
             t0 = time.perf_counter()
             try:
@@ -607,7 +626,7 @@ class Rewrite:
                 block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]
                 warnings.append(f"{where}: stopped a loop of repeated lines ({block!r}); the repeats were cut "
                                 "and the rest of this part may be missing")
-            elif cleaner.stopped == "fence" or finish == "stop":
+            elif cleaner.stopped in ("fence", "echo") or finish == "stop":
                 result.finish_reason = "stop"
             else:
                 result.finish_reason = "length"

@@ -395,3 +395,14 @@ def test_bare_code_fences_of_the_document_inside_a_fenced_answer():
     answer = "```markdown\nRun this:\n\n```\nmake\n```\n\nDone.\n```\nHope this helps!"
     out, cleaner = stream_clean(answer, source)
     assert out == "Run this:\n\n```\nmake\n```\n\nDone." and cleaner.stopped == "fence"
+
+
+def test_an_echoed_instruction_ends_the_document():
+    source = "# Doc\n\nSome text.\n"
+    messages = build_rewrite_messages(source, "Fix the typos")
+    echo = edit._instruction_lines(messages, source)
+    assert echo == ["Fix the typos in the document above. Output the whole revised document and nothing else."]
+    answer = "# Doc\n\nSome text.\n\n" + echo[0] + "\n\nMore chatter."
+    cleaner = AnswerCleaner(source, echo_lines=echo)
+    out = cleaner.feed(answer) + cleaner.finish()
+    assert out == "# Doc\n\nSome text." and cleaner.stopped == "echo"
