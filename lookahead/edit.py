@@ -37,7 +37,7 @@ CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java",
 
 DEFAULT_GROWTH = 1.3  # most output tokens per source token, per request
 OUTPUT_SLACK_TOKENS = 32  # added to the output bound: short sources may grow by more than 30%
-TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the user turn (roles, default system prompt)
+TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the turns (roles, default system prompt)
 MIN_PIECE_TOKENS = 16
 LOOP_MAX_PERIOD = 8  # longest block of lines checked for back-to-back repetition
 
@@ -52,19 +52,27 @@ def is_code(filename: str | None) -> bool:
 
 # ---- the prompt -------------------------------------------------------------------------
 def build_rewrite_messages(text: str, instruction: str, filename: str | None = None) -> list[dict]:
-    """The chat request for a rewrite: one user turn, the document first, the instruction after.
+    """The chat request for a rewrite: the document in a first user turn, the instruction last.
 
-    Document first makes the document's tokens a prompt prefix that a second edit of the same
-    text (with another instruction) shares, so its KV cache is reused. On the samples,
-    SmolLM2-135M-Instruct also rewrites better in this order than with the instruction first
-    (which looped on the tallybook README); see tests/test_edit.py for what is checked.
+        user:      Here is a document:  <the text>
+        assistant: I have read the document. What should I change?
+        user:      <instruction>. Output the whole revised document and nothing else.
+
+    The document comes first, so two edits of the same text with different instructions
+    share it as a prompt prefix and the second request reuses its KV cache. Measured on the
+    tallybook README ("Fix the spelling mistakes", greedy), this form was the only one tried
+    that gave a clean rewrite with Qwen2.5-Coder-0.5B-Instruct; with the instruction before
+    the document, or after it in the same turn, that model dropped the heading, reflowed
+    paragraphs or echoed the instruction, and SmolLM2-135M-Instruct looped or wandered off in
+    every form (the loop guard and the output bound are what keep its rewrites in check).
     """
     if not instruction or not instruction.strip():
         raise ValueError(f"the instruction is empty: {instruction!r}")
     kind = "file" if is_code(filename) else "document"
     ask = instruction.strip().rstrip(".")
-    return [{"role": "user",
-             "content": f"{text}\n\n{ask} in the {kind} above. Output the whole revised {kind} and nothing else."}]
+    return [{"role": "user", "content": f"Here is a {kind}:\n\n{text}"},
+            {"role": "assistant", "content": f"I have read the {kind}. What should I change?"},
+            {"role": "user", "content": f"{ask}. Output the whole revised {kind} and nothing else."}]
 
 
 # ---- cleaning the answer ----------------------------------------------------------------
@@ -694,7 +702,8 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
     def count_tokens(s: str) -> int:
         return len(fast.target.tokenize(s, add_bos=False, special=False))
 
-    overhead = count_tokens(build_rewrite_messages("", instruction, filename)[0]["content"]) + TEMPLATE_SLACK_TOKENS
+    overhead = sum(count_tokens(m["content"]) for m in build_rewrite_messages("", instruction, filename))
+    overhead += TEMPLATE_SLACK_TOKENS
     fits = piece_budget(fast.target.n_ctx, overhead, growth)
     if fits < MIN_PIECE_TOKENS:
         raise ValueError(f"a context of {fast.target.n_ctx} tokens leaves {fits} tokens per piece for this "
