@@ -361,6 +361,35 @@ class AnswerCleaner:
         return "\n".join(self.lines).strip("\n")
 
 
+# ---- resuming after a cut -----------------------------------------------------------------------
+def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75) -> int:
+    """Where in `source` the text not yet rewritten starts, given the rewrite `kept` so far.
+
+    Walks the kept lines in order and matches each to a source line at or after the last
+    match (within `window` lines; equal, or similar by difflib's ratio >= `min_ratio`, so a
+    line with a typo fixed still matches). Returns the character offset just after the last
+    matched source line (0 if none matched): a rewrite cut short by a loop or its bound goes
+    on with the source from there, so no part of the text is lost.
+    """
+    import difflib
+
+    src_lines = source.split("\n")
+    starts = [0]
+    for line in src_lines:
+        starts.append(starts[-1] + len(line) + 1)
+    cursor = 0  # first source line not yet matched
+    for line in kept.split("\n"):
+        target = line.strip()
+        if not target:
+            continue
+        for j in range(cursor, min(len(src_lines), cursor + window)):
+            candidate = src_lines[j].strip()
+            if candidate == target or (candidate and difflib.SequenceMatcher(None, candidate, target).ratio() >= min_ratio):
+                cursor = j + 1
+                break
+    return min(starts[cursor], len(source))
+
+
 # ---- splitting long texts -------------------------------------------------------------------
 def _cut_points(text: str, code: bool) -> list[list[int]]:
     """Candidate cut positions (index of the first character of a new piece), coarse to fine."""
@@ -629,17 +658,30 @@ class Rewrite:
                 yield out
             if budget_left is not None:
                 budget_left -= int(result.speculation.get("generated_tokens", 0))
+            cut_short = cleaner.stopped == "loop" or (cleaner.stopped is None and finish != "stop")
+            rest = ""
+            if cut_short and emitted:
+                # go on with the source where the rewrite stopped, so that no part of the text is
+                # lost (not when no line of the rewrite matched the source: nothing to go on from)
+                at = resume_offset(core, cleaner.text)
+                rest = core[at:].lstrip("\n") if at > 0 else ""
+                if rest:
+                    skipped = len(core[at:]) - len(rest)  # blank lines before the rest
+                    rest_line = self.source[: start + len(lead) + at + skipped].count("\n") + 1
+                    gap = "\n" * (1 + skipped)
+                    yield gap + rest
+                    emitted.append(gap + rest)
             if cleaner.stopped == "loop":
                 result.finish_reason = "loop"
                 block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]
-                warnings.append(f"{where}: stopped a loop of repeated lines ({block!r}); the repeats were cut "
-                                "and the rest of this part may be missing")
+                warnings.append(f"{where}: stopped a loop of repeated lines ({block!r}) and cut the repeats"
+                                + (f"; from line {rest_line} on, the original text is kept" if rest else ""))
             elif cleaner.stopped in ("fence", "echo") or finish == "stop":
                 result.finish_reason = "stop"
             else:
                 result.finish_reason = "length"
-                warnings.append(f"{where}: the output reached its bound of {limit} tokens "
-                                f"(source {n_src} tokens); it may be cut short")
+                warnings.append(f"{where}: the output reached its bound of {limit} tokens (source {n_src} tokens)"
+                                + (f"; from line {rest_line} on, the original text is kept" if rest else ""))
             if not emitted:
                 result.finish_reason = "empty"
                 warnings.append(f"{where}: the model returned no text; kept the original")

@@ -9,7 +9,7 @@ import pytest
 from conftest import SAMPLES
 from lookahead import edit
 from lookahead.edit import (AnswerCleaner, build_rewrite_messages, clean_answer, count_consecutive, find_loop,
-                            is_chatter, output_bound, piece_budget, split_text, strip_fences)
+                            is_chatter, output_bound, piece_budget, resume_offset, split_text, strip_fences)
 
 TALLYBOOK = (SAMPLES / "docs" / "tallybook_readme.md").read_text()
 
@@ -408,3 +408,24 @@ def test_an_echoed_instruction_ends_the_document():
     cleaner = AnswerCleaner(source, echo_lines=echo)
     out = cleaner.feed(answer) + cleaner.finish()
     assert out == "# Doc\n\nSome text." and cleaner.stopped == "echo"
+
+
+def test_resume_offset_matches_fixed_lines_in_order():
+    source = "# Title\n\nteh first line\n\nsecond line\nthird line\n"
+    assert resume_offset(source, "# Title\n\nthe first line") == source.index("\n\nsecond") + 1
+    assert resume_offset(source, "# Title") == source.index("\n\nteh") + 1
+    assert resume_offset(source, "nothing alike at all") == 0
+    assert resume_offset(source, "# Title\n\nthe first line\n\nsecond line\nthird line") == len(source)
+
+
+def test_a_rewrite_cut_short_goes_on_with_the_original():
+    text = "# Doc\n\nalpha line one\n\nbeta line two\n\ngamma line three\n"
+
+    def answer(source):  # fixes the first line, then loops
+        return "# Doc\n\nAlpha line one\n\n" + "the same long line repeated over and over\n" * 5
+
+    model = ScriptedModel(answer)
+    result = edit.rewrite(model, text, "Capitalise", stream=False)
+    assert result.text == ("# Doc\n\nAlpha line one\n\nthe same long line repeated over and over\n\n"
+                           "beta line two\n\ngamma line three\n")
+    assert result.finish_reason == "loop" and "from line 5 on, the original text is kept" in result.warnings[0]
