@@ -30,12 +30,12 @@ def stream_clean(answer: str, source: str, step: int = 5) -> tuple[str, AnswerCl
 def test_prompt_puts_the_document_first_so_edits_share_a_prefix():
     a = build_rewrite_messages(TALLYBOOK, "Fix the typos", "README.md")
     b = build_rewrite_messages(TALLYBOOK, "Use British spelling.", "README.md")
-    assert a[0] == b[0] and a[0]["role"] == "user" and a[0]["content"].endswith(TALLYBOOK)
-    assert a[1] == b[1] and a[1]["role"] == "assistant"
-    assert a[2]["content"].startswith("Fix the typos. Output the whole revised document")
-    assert b[2]["content"].startswith("Use British spelling. Output")
+    assert a[:2] == b[:2] and [m["role"] for m in a] == ["system", "user", "user"]
+    assert a[1]["content"] == TALLYBOOK
+    assert a[2]["content"] == "Fix the typos in the document above."
+    assert b[2]["content"] == "Use British spelling in the document above."
     code = build_rewrite_messages("x = 1\n", "Add type hints", "main.py")
-    assert code[0]["content"].startswith("Here is a file:") and "revised file" in code[2]["content"]
+    assert "revised file" in code[0]["content"] and code[2]["content"] == "Add type hints in the file above."
     with pytest.raises(ValueError, match="instruction is empty"):
         build_rewrite_messages(TALLYBOOK, "  ")
 
@@ -403,7 +403,7 @@ def test_an_echoed_instruction_ends_the_document():
     source = "# Doc\n\nSome text.\n"
     messages = build_rewrite_messages(source, "Fix the typos")
     echo = edit._instruction_lines(messages, source)
-    assert echo[-1] == "Fix the typos. Output the whole revised document and nothing else."
+    assert echo[-1] == "Fix the typos in the document above."
     answer = "# Doc\n\nSome text.\n\n" + echo[0] + "\n\nMore chatter."
     cleaner = AnswerCleaner(source, echo_lines=echo)
     out = cleaner.feed(answer) + cleaner.finish()
