@@ -362,14 +362,17 @@ class AnswerCleaner:
 
 
 # ---- resuming after a cut -----------------------------------------------------------------------
-def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75) -> int:
+def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75,
+                  min_matched: float = 0.5) -> int:
     """Where in `source` the text not yet rewritten starts, given the rewrite `kept` so far.
 
     Walks the kept lines in order and matches each to a source line at or after the last
     match (within `window` lines; equal, or similar by difflib's ratio >= `min_ratio`, so a
     line with a typo fixed still matches). Returns the character offset just after the last
-    matched source line (0 if none matched): a rewrite cut short by a loop or its bound goes
-    on with the source from there, so no part of the text is lost.
+    matched source line: a rewrite cut short by a loop or its bound goes on with the source
+    from there, so no part of the text is lost. Returns 0 (nothing to go on from) when fewer
+    than `min_matched` of the kept non-blank lines matched: the rewrite was not following
+    the source, and appending the source's rest would repeat what it already said.
     """
     import difflib
 
@@ -378,15 +381,20 @@ def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0
     for line in src_lines:
         starts.append(starts[-1] + len(line) + 1)
     cursor = 0  # first source line not yet matched
+    lines = matched = 0
     for line in kept.split("\n"):
         target = line.strip()
         if not target:
             continue
+        lines += 1
         for j in range(cursor, min(len(src_lines), cursor + window)):
             candidate = src_lines[j].strip()
             if candidate == target or (candidate and difflib.SequenceMatcher(None, candidate, target).ratio() >= min_ratio):
                 cursor = j + 1
+                matched += 1
                 break
+    if not lines or matched < min_matched * lines:
+        return 0
     return min(starts[cursor], len(source))
 
 
@@ -665,6 +673,8 @@ class Rewrite:
                 # lost (not when no line of the rewrite matched the source: nothing to go on from)
                 at = resume_offset(core, cleaner.text)
                 rest = core[at:].lstrip("\n") if at > 0 else ""
+                if len(cleaner.text) + len(rest) > self.growth * len(core) + 200:
+                    rest = ""  # the rewrite and the rest together would outgrow the bound
                 if rest:
                     skipped = len(core[at:]) - len(rest)  # blank lines before the rest
                     rest_line = self.source[: start + len(lead) + at + skipped].count("\n") + 1

@@ -414,6 +414,8 @@ def test_resume_offset_matches_fixed_lines_in_order():
     assert resume_offset(source, "# Title\n\nthe first line") == source.index("\n\nsecond") + 1
     assert resume_offset(source, "# Title") == source.index("\n\nteh") + 1
     assert resume_offset(source, "nothing alike at all") == 0
+    # mostly lines that are not in the source: not following it, nothing to go on from
+    assert resume_offset(source, "# Title\nsomething else\nand more\nand more again") == 0
     assert resume_offset(source, "# Title\n\nthe first line\n\nsecond line\nthird line") == len(source)
 
 
