@@ -266,7 +266,9 @@ def test_a_text_twice_the_context_is_rewritten_in_order_streamed(fast_small):
                      f"labelled B{i} and check the copy.\n" for i in range(1, 16))
     n_tokens = len(fast_small.target.tokenize(text, add_bos=False, special=False))
     assert n_tokens >= 2 * 256, n_tokens  # about twice the context
-    rw = edit.rewrite(fast_small, text, "Fix the typos", filename="plan.md")
+    # growth=0.5: each piece may emit half its source + 32 tokens (fewer tokens to wait for
+    # on 2 cores; pieces cut by the bound go on with the original text)
+    rw = edit.rewrite(fast_small, text, "Fix the typos", filename="plan.md", growth=0.5)
     assert len(rw.plan) >= 3
     assert "".join(text[s:e] for s, e in rw.plan) == text  # the whole text, in order
     streamed = [(rw.piece, chunk) for chunk in rw]  # (piece being rewritten, text) as it streams
