@@ -10,9 +10,12 @@ The source (the whole text, or each piece of it) is registered as the reference 
 request, so unchanged stretches are drafted from it and verified in one pass. What comes
 back is cleaned as it streams: a code fence around the whole answer and a line of chatter
 before it ("Here is the revised document:") are dropped, and so is what follows the closing
-fence. A rewrite never runs away: each request may emit at most `growth` times the source's
-tokens plus a little slack, and a block of lines repeated back to back (more often than in
-the source) stops the request, is cut from the result, and adds a warning. A text longer
+fence or a repeated line of the instruction. A rewrite never runs away: each request may
+emit at most `growth` times the source's tokens plus a little slack, and a block of lines
+repeated back to back (more often than in the source, numbers aside) stops the request, is
+cut from the result, and adds a warning. A rewrite cut short that way goes on with the
+original text from the line where it stopped (when it was following the source), so no
+part of the text is lost; a request that returns no text keeps the original. A text longer
 than the context is rewritten in pieces cut at natural boundaries (Markdown headings,
 blank-line paragraphs, top-level definitions in code; lines, then spaces, only when a single
 block is too long), each piece with its own source as the reference, streamed in order.
@@ -61,10 +64,11 @@ def build_rewrite_messages(text: str, instruction: str, filename: str | None = N
     The document comes before the instruction, so two edits of the same text with different
     instructions share the system turn and the document as a prompt prefix, and the second
     request reuses its KV cache. On the tallybook README ("Fix the spelling mistakes",
-    greedy), SmolLM2-135M-Instruct starts copying the document in this form; with the
-    instruction first it looped, and with document and instruction in one user turn (with or
-    without an assistant turn between them) it wandered off or answered "What should I
-    change?". ("files" and "file" instead of "documents" for code.)
+    greedy), SmolLM2-135M-Instruct copies the document in this form (and still mangles
+    parts of it); with the instruction first it looped, with document and instruction in
+    one user turn it wandered off into unrelated text, and with an assistant turn between
+    them it only said it had made the changes. Qwen2.5-Coder-0.5B-Instruct gives a clean
+    rewrite in this form. ("files" and "file" instead of "documents" for code.)
     """
     if not instruction or not instruction.strip():
         raise ValueError(f"the instruction is empty: {instruction!r}")
