@@ -277,7 +277,7 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
                           **kwargs)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    n_doc = len(fast.target.tokenize(text, add_bos=False, special=False))
+    n_doc = edit.token_count(fast, text)
     parts = f", {len(rw.plan)} parts" if len(rw.plan) > 1 else ""
     click.echo(f"rewriting {file} ({n_doc} tokens{parts}) with {Path(fast.llm.model_path).name}"
                f"{'' if destination is None else f' -> {destination}'}", err=True)

@@ -714,6 +714,14 @@ class Rewrite:
                                  speculation=merge_speculation([p.speculation for p in pieces]))
 
 
+def token_count(fast: Any, text: str) -> int:
+    """Tokens of `text` alone (no BOS, special tokens as text) for the wrapper's model."""
+    tokenize = getattr(fast, "tokenize", None)
+    if tokenize is not None:
+        return len(tokenize(text))
+    return len(fast.target.tokenize(text, add_bos=False, special=False))
+
+
 def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] | None = None,
             filename: str | None = None, stream: bool = True, max_tokens: int | None = None,
             growth: float = DEFAULT_GROWTH, piece_tokens: int | None = None,
@@ -756,7 +764,7 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
             raise ValueError(f"{reserved!r} is set by rewrite itself; do not pass it")
 
     def count_tokens(s: str) -> int:
-        return len(fast.target.tokenize(s, add_bos=False, special=False))
+        return token_count(fast, s)
 
     overhead = sum(count_tokens(m["content"]) for m in build_rewrite_messages("", instruction, filename))
     overhead += TEMPLATE_SLACK_TOKENS
