@@ -27,7 +27,8 @@ def _sampling_options(f):
                          show_default=True, help="Penalty for tokens among the last 64 generated (1 = off)."),
         click.option("--seed", type=int, default=None, help="Random seed for sampling (reproducible runs)."),
         click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-                         help="Most tokens to generate. Default: generate: 512; rewrite: twice the input."),
+                         help="Most tokens to generate. Default: generate: 512; rewrite: no total limit "
+                              "(each part of the text is bounded at 1.3x its length + 32 tokens)."),
         click.option("--stop", multiple=True, help="Stop when this string appears (repeatable)."),
         click.option("--no-speculate", is_flag=True,
                          help="Plain decoding through the same engine (the reference for speed and output)."),
@@ -195,28 +196,6 @@ def _consume(chunks: Iterator[tuple[str, str | None, dict | None]], echo: bool, 
     return "".join(parts), stats, finish
 
 
-CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java", ".sh", ".rb", ".php", ".cs",
-                 ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".sql", ".html", ".css"}
-
-
-def build_rewrite_messages(text: str, instruction: str, filename: str) -> list[dict]:
-    """The chat request for a rewrite. One user turn, instruction first, then the text:
-    small instruct models (SmolLM2-135M) follow this form best of the ones tried."""
-    kind = "file" if Path(filename).suffix.lower() in CODE_SUFFIXES else "document"
-    ask = instruction.strip().rstrip(".")
-    return [{"role": "user",
-             "content": f"{ask} in the following {kind}. Output the whole revised {kind} and nothing else.\n\n{text}"}]
-
-
-def strip_fences(text: str) -> str:
-    """Drop a Markdown code fence the model put around the whole document."""
-    body = text.strip("\n")
-    lines = body.split("\n")
-    if len(lines) >= 2 and lines[0].startswith("```") and lines[-1].strip() == "```":
-        return "\n".join(lines[1:-1])
-    return text
-
-
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--instruction", "-i", required=True, help='What to change, e.g. "Fix the typos".')
@@ -232,8 +211,13 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
 
     The result streams to stdout, or goes to --output / --in-place. A file being written is
     left untouched until the new text is complete; then it is replaced atomically, so Ctrl-C
-    or an error never leaves a half-written file.
+    or an error never leaves a half-written file. The output is bounded by the input's
+    length and a loop of repeated lines is stopped (with a warning on stderr). A file longer
+    than the context is rewritten in parts cut at headings, paragraphs or top-level
+    definitions, streamed in order.
     """
+    from lookahead import edit
+
     if output is not None and in_place:
         raise click.UsageError("use --output FILE or --in-place, not both")
     if not instruction.strip():
@@ -242,39 +226,54 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
     destination = file if in_place else output
     fast = load_wrapped(model_path, n_ctx, threads, gpu_layers, tree_width,
                         max_draft=max_draft, speculate=not no_speculate)
-    messages = build_rewrite_messages(text, instruction, file.name)
-    n_doc = len(fast.tokenize(text))
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
-    kwargs.update(max_tokens=max_tokens or 2 * n_doc + 64, references=[text], stream=True)
     progress = _Progress(enabled=destination is not None and not as_json)
-    click.echo(f"rewriting {file} ({n_doc} tokens) with {Path(fast.llm.model_path).name}"
-               f"{'' if destination is None else f' -> {destination}'}", err=True)
+    echo = destination is None and not as_json
+
+    def on_piece(index: int, count: int, span: tuple[int, int]) -> None:
+        if count > 1:  # a long text, rewritten in parts: say which one is under way
+            progress.done()
+            click.echo(f"  part {index + 1}/{count} (characters {span[0]}-{span[1]} of {len(text)})", err=True)
+
     try:
-        chunks = (_chat_delta(c) for c in fast.create_chat_completion(messages, **kwargs))
-        result, stats, finish = _consume(chunks, echo=destination is None and not as_json, sink=progress.update)
+        rw = edit.rewrite(fast, text, instruction, filename=file.name, max_tokens=max_tokens, on_piece=on_piece,
+                          **kwargs)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    n_doc = edit.token_count(fast, text)
+    parts = f", {len(rw.plan)} parts" if len(rw.plan) > 1 else ""
+    try:  # from the announcement on, Ctrl-C is an interrupted rewrite (exit 130, file untouched)
+        click.echo(f"rewriting {file} ({n_doc} tokens{parts}) with {Path(fast.llm.model_path).name}"
+                   f"{'' if destination is None else f' -> {destination}'}", err=True)
+        for piece in rw:
+            if echo:
+                click.echo(piece, nl=False)
+            progress.update(piece)
         progress.done()
-        result = strip_fences(result)
-        if text.endswith("\n") and not result.endswith("\n"):
-            result += "\n"
+        result = rw.result
         if destination is not None:
-            write_atomic(destination, result)
+            write_atomic(destination, result.text)
     except ValueError as e:
         progress.done()
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
+        rw.close()
         progress.done()
         where = f"; {destination} left untouched" if destination is not None else ""
         click.echo(f"\ninterrupted{where}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if as_json:
-        click.echo(json.dumps({"text": result, "finish_reason": finish, "output": str(destination) if destination else None,
-                               "speculation": stats}, ensure_ascii=False))
-    elif destination is None:
+        click.echo(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
+                               "output": str(destination) if destination else None, "warnings": result.warnings,
+                               "parts": len(result.pieces), "speculation": result.speculation}, ensure_ascii=False))
+    elif destination is None and not result.text.endswith("\n"):
         click.echo("")
-    else:
-        click.echo(f"wrote {destination} ({len(result)} chars, finish: {finish})", err=True)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if destination is not None:
+        click.echo(f"wrote {destination} ({len(result.text)} chars, finish: {result.finish_reason})", err=True)
     if show_stats:
-        _print_stats(stats)
+        _print_stats(result.speculation)
 
 
 def write_atomic(path: Path, text: str) -> None:

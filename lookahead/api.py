@@ -171,7 +171,7 @@ class Lookahead:
                 last["speculation"] = stats.to_dict()
                 yield last
 
-            return stream_chunks()
+            return CompletionStream(stream_chunks(), stats.to_dict)
 
         for _ in pieces:
             pass
@@ -244,6 +244,7 @@ class Lookahead:
         """
         captured: list[dict] = []  # this request's stats, whatever the template does with chunks
         usage: list[dict] = []  # and its token counts (a chat stream's chunks drop them)
+        inner: list[CompletionStream] = []  # the completion stream under a chat stream
 
         def complete(*args: Any, **completion_kwargs: Any):
             completion_kwargs.update(references=references, prediction=prediction, speculate=speculate)
@@ -251,13 +252,15 @@ class Lookahead:
             if isinstance(result, dict):
                 captured.append(result.get("speculation"))
                 return result
+            inner.append(result)
             return _recording_speculation(result, captured, usage)
 
         result = self.target.chat_completion(complete, messages, **kwargs)
         if isinstance(result, dict):
             result["speculation"] = captured[-1] if captured else None
             return result
-        return _with_speculation_last(result, captured, usage=usage)
+        return CompletionStream(_with_speculation_last(result, captured, usage=usage),
+                                lambda: inner[-1].speculation if inner else (captured[-1] if captured else None))
 
     def _fallback(self, unsupported: list[str], arguments: dict[str, Any]):
         """Run a request the engine cannot on the target's plain path; the stats say why."""
@@ -272,7 +275,32 @@ class Lookahead:
             stats.total_ms = 1000 * (time.perf_counter() - t0)
             result["speculation"] = stats.to_dict()
             return result
-        return _with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats)
+        return CompletionStream(_with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats), stats.to_dict)
+
+
+class CompletionStream:
+    """A streamed response: an iterator of llama-cpp-python's chunks (the last one carries the
+    `speculation` stats), whose `speculation` property gives the request's stats at any time,
+    also after `close()` ends it early (generation stops at the next step)."""
+
+    def __init__(self, chunks: Iterator[dict], speculation: Callable[[], dict | None]):
+        self._chunks = chunks
+        self._speculation = speculation
+
+    def __iter__(self) -> "CompletionStream":
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def speculation(self) -> dict | None:
+        return self._speculation()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

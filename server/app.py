@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .decoder import CHUNK, END, ERROR, RESULT, Decoder, Job, QueueFull
+from .decoder import CHUNK, END, ERROR, Decoder, Job, QueueFull
 from .protocol import APIError, ChatRequest, CompletionRequest, parse_json_body, parse_request, usage_block
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

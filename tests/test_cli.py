@@ -64,7 +64,9 @@ def test_rewrite_in_place_same_as_no_speculate(tmp_path):
     ra = cli("rewrite", a, *args)
     rb = cli("rewrite", b, *args, "--no-speculate")
     assert ra.returncode == 0 and rb.returncode == 0, ra.stderr + rb.stderr
-    assert a.read_text() != (SAMPLES / "docs" / "meeting_notes.md").read_text()
+    # (80 tokens may be a verbatim copy of the start; the rewrite then goes on with the
+    # original, so the file can come out unchanged: only equality is asserted)
+    assert a.read_text().strip()
     assert a.read_text() == b.read_text()  # greedy: speculation changes speed only
 
 
@@ -135,13 +137,12 @@ def test_out_of_range_sampling_values(args, name):
 
 @pytest.mark.model
 def test_prompt_longer_than_context(tmp_path):
+    """generate cannot cut a prompt: a clear error. (rewrite cuts a long file in pieces: test_edit.py.)"""
     f = tmp_path / "big.md"
-    text = (SAMPLES / "docs" / "howto_backups.md").read_text() * 3
-    f.write_text(text)
-    out = cli("rewrite", f, "-i", "Fix typos", "--in-place", "--n-ctx", "256")
+    f.write_text((SAMPLES / "docs" / "howto_backups.md").read_text() * 3)
+    out = cli("generate", "--file", f, "--n-ctx", "256", "--max-tokens", "8")
     assert out.returncode != 0
     assert "exceed context window of 256" in out.stderr and "Traceback" not in out.stderr
-    assert f.read_text() == text
 
 
 def test_conflicting_outputs(tmp_path):

@@ -190,3 +190,18 @@ def test_prediction_drafts_are_counted_apart():
     assert spec["prediction_accepted"] == spec["prediction_drafted"]  # the prediction is the output
     assert spec["prediction_drafted"] <= spec["drafted"]
     assert "".join(f"<{t}>" for t in expected) == out["choices"][0]["text"]
+
+
+def test_a_stream_closed_early_still_reports_its_stats():
+    target = FakeTarget()
+    fast = Lookahead(target, calibrate=False, cost=flat_cost_model(target.max_batch))
+    stream = fast.create_completion(PROMPT, max_tokens=50, temperature=0, stream=True)
+    next(stream)
+    next(stream)
+    stream.close()
+    assert 2 <= stream.speculation["generated_tokens"] < 50
+    assert target.ended_with == target.kv  # the engine ended the request when the stream closed
+    chat = fast.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=50, temperature=0, stream=True)
+    next(chat)
+    chat.close()
+    assert 1 <= chat.speculation["generated_tokens"] < 50

@@ -7,7 +7,7 @@ they were added. Every table row below says in a comment why the answer is what 
 import numpy as np
 import pytest
 
-from lookahead.index import CONTEXT, Branch, Match, SuffixIndex
+from lookahead.index import Branch, Match, SuffixIndex
 
 
 def build(ctx, refs=(), **kwargs):
