@@ -160,7 +160,10 @@ def quantize_model(source: str | os.PathLike, destination: str | os.PathLike, fm
     params.allow_requantize = True
     params.nthread = int(threads or os.cpu_count() or 1)
     tmp = f"{destination}.part"
-    rc = lib.llama_model_quantize(os.fsencode(str(source)), os.fsencode(tmp), ctypes.byref(params))
+    from llama_cpp._utils import suppress_stdout_stderr  # llama.cpp logs every tensor to stderr
+
+    with suppress_stdout_stderr(disable=False):
+        rc = lib.llama_model_quantize(os.fsencode(str(source)), os.fsencode(tmp), ctypes.byref(params))
     if rc != 0:
         try:
             os.unlink(tmp)
