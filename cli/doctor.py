@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import resolve_model
+from .options import dist_version, resolve_model
 
 # The instruction sets that matter to llama.cpp on x86, as /proc/cpuinfo names them.
 CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
@@ -37,8 +37,8 @@ def doctor(model_path, context_tokens, as_json):
     flags = health.cpu_flags()
     result = health.probe(path, context_tokens=context_tokens)
     report = {
-        "lookahead": _version("lookahead"),
-        "llama_cpp_python": _version("llama-cpp-python"),
+        "lookahead": dist_version("lookahead"),
+        "llama_cpp_python": dist_version("llama-cpp-python"),
         "library": str(health.library_path()),
         "compiled_features": {k: v for k, v in info.items()},
         "gpu_offload": _gpu_offload(),
@@ -92,11 +92,3 @@ def _gpu_offload() -> bool:
 
     return bool(llama_cpp.llama_supports_gpu_offload())
 
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None

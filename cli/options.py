@@ -69,3 +69,13 @@ def load_wrapped(model_path: Path | None, n_ctx: int, threads: int | None, gpu_l
         raise click.ClickException(str(e)) from None
     except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
         raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
+
+
+def dist_version(dist: str) -> str | None:
+    """The installed version of a distribution (e.g. "llama-cpp-python"), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

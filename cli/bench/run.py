@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
+from ..options import dist_version
 from .llama_server import LlamaServer
 from .local import LocalMethods
 from .measures import rotated, workload_seed
@@ -73,19 +74,11 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         "streamed": True, "order": "interleaved per workload, temperature and repetition; rotated every repetition",
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve is not None else None),
-        "llama_cpp_python": _version("llama-cpp-python"), "lookahead": _version("lookahead"),
+        "llama_cpp_python": dist_version("llama-cpp-python"), "lookahead": dist_version("lookahead"),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
     return ModelResult(path, config, rows, summaries, runs)
 
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 def _warm_up(runners: dict[str, Callable[..., Run]], workload: dict) -> None:
