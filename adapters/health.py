@@ -226,7 +226,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     for _ in range(reps):
         for n in PROBE_SIZES:
             stage(f"decode {n}")
-            for size, ms in target.calibrate([n]).items():
+            for size, ms in target.calibrate([n], reps=1).items():
                 timings[str(size)].append(ms)
     # One-token decodes at the Llama's own thread count and at its batch count: llama-cpp-python
     # defaults the first to half the CPUs, which is slow where the CPUs are not SMT siblings.
@@ -235,7 +235,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     for n_threads in sorted({own, batch}):
         llama_cpp.llama_set_n_threads(llm._ctx.ctx, n_threads, batch)
         one_token[str(n_threads)] = round(float(np.median(
-            [target.calibrate([1])[1] for _ in range(max(3, reps))])), 2)
+            [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, own, batch)
     target.end(prompt)
     threads = {"n_threads": own, "n_threads_batch": batch, "cpu_count": os.cpu_count(),

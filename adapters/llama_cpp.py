@@ -577,22 +577,25 @@ class LlamaCppTarget:
         self._lib.llama_set_n_threads(self._ctx, chosen, batch)
         return medians
 
-    def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
-        """Time one decode of each size at the current position, then roll it back: {n: ms}.
+    def calibrate(self, sizes: Sequence[int], reps: int = 3) -> dict[int, float]:
+        """Time decodes of each size at the current position, rolled back: {n: median ms}.
 
         Call it with a real context in the KV cache: attention makes a decode at position
-        600 markedly dearer than the same decode at position 0.
+        600 markedly dearer than the same decode at position 0. The sizes are timed in turn,
+        `reps` rounds, and the median kept: the result is cached for later processes, and one
+        unlucky timing would mislead them.
         """
         base = self.n_past
-        out: dict[int, float] = {}
-        for n in sizes:
-            if n > self.max_batch or base + n > self.n_ctx:
-                break
-            tokens = [(97 + i) % self.n_vocab for i in range(n)]  # content does not change the cost
-            t0 = time.perf_counter()
-            self.decode(tokens, n)
-            out[n] = 1000 * (time.perf_counter() - t0)
-            self.rollback(base)
+        sizes = [n for n in sizes if n <= self.max_batch and base + n <= self.n_ctx]
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(max(1, reps)):
+            for n in sizes:
+                tokens = [(97 + i) % self.n_vocab for i in range(n)]  # content does not change the cost
+                t0 = time.perf_counter()
+                self.decode(tokens, n)
+                times[n].append(1000 * (time.perf_counter() - t0))
+                self.rollback(base)
+        out = {n: float(np.median(v)) for n, v in times.items()}
         if out:
             self._remember(verify_ms={str(n): round(ms, 3) for n, ms in out.items()})
         return out
