@@ -86,6 +86,13 @@ def build_identity() -> str:
     return f"{lib}|{'|'.join(parts)}|{cpu_model()}"
 
 
+def gpu_offload() -> bool:
+    """Whether this build can offload layers to a GPU (CUDA, Metal, Vulkan, ...)."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
 def amx_compiled(info: dict[str, str] | None = None) -> bool:
     info = system_info() if info is None else info
     return info.get("AMX_INT8", "0") == "1"

@@ -200,6 +200,14 @@ def perplexity(llm: "llama_cpp.Llama", tokens: Sequence[int], window: int = 512)
     return float(np.exp(nll / count))
 
 
+def file_perplexity(model_path: str | os.PathLike, text: str, max_tokens: int = 4096,
+                    **llama_kwargs: Any) -> tuple[float, int, str]:
+    """(perplexity, tokens scored, llama.cpp's model description) of `text` under a GGUF file."""
+    llm = _lib().Llama(model_path=str(model_path), **{"verbose": False, **llama_kwargs})
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:max_tokens]
+    return perplexity(llm, tokens), len(tokens), llm._model.desc()
+
+
 def clear_kv_cache(llm: "llama_cpp.Llama") -> None:
     """Empty the Llama's KV cache, its saved prefix states and prompt bookkeeping: its next
     request prefills everything."""

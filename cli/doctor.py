@@ -41,7 +41,7 @@ def doctor(model_path, context_tokens, as_json):
         "llama_cpp_python": dist_version("llama-cpp-python"),
         "library": str(health.library_path()),
         "compiled_features": {k: v for k, v in info.items()},
-        "gpu_offload": _gpu_offload(),
+        "gpu_offload": health.gpu_offload(),
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},

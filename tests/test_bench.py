@@ -303,3 +303,22 @@ def test_groups_report_decode_only_speedup_the_worst_workload_and_the_prefill_sh
     assert group["prefill_share"] == pytest.approx((0.5 + 0.8) / 2, abs=1e-4)
     table = format_table(summaries)
     assert "worst ×" in table and "decode ×" in table and "0.80" in table
+
+
+@pytest.mark.model
+def test_quantized_copies_are_made_once_and_scored_by_perplexity(model_path, tmp_path, monkeypatch):
+    from lookahead.adapters.llama_cpp import file_perplexity
+    from lookahead.cli.bench.quant import quantized_model
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    made = []
+    copy = quantized_model(model_path, "Q4_0", made.append)
+    assert made and copy.parent == tmp_path / "models"
+    with open(copy, "rb") as f:
+        assert f.read(4) == b"GGUF"
+    assert quantized_model(model_path, "Q4_0", made.append) == copy and len(made) == 1  # made once
+    text = (Path(__file__).resolve().parents[1] / "samples" / "docs" / "meeting_notes.md").read_text()
+    ppl, n, desc = file_perplexity(model_path, text, 512, n_ctx=512)
+    ppl_q, n_q, desc_q = file_perplexity(copy, text, 512, n_ctx=512)
+    assert n == n_q > 100 and "Q4_1" in desc and "Q4_0" in desc_q
+    assert 1.0 < ppl < 100.0 and 1.0 < ppl_q < 100.0 and ppl_q != ppl

@@ -46,27 +46,22 @@ def workload_text(workloads: Sequence[dict]) -> str:
 def compare_formats(results: Sequence[Any], llama: dict[str, Any], workloads: Sequence[dict],
                     log: Callable[[str], None]) -> list[dict]:
     """One row per model: file size, verify-cost curve, perplexity, identical outputs, speedups."""
-    import llama_cpp
-
-    from lookahead.adapters.llama_cpp import perplexity
+    from lookahead.adapters.llama_cpp import file_perplexity
 
     text = workload_text(workloads)
     first_plain = _plain_texts(results[0].runs)
     rows = []
     for result in results:
         log(f"perplexity of {result.path.name} on the workloads' texts")
-        llm = llama_cpp.Llama(model_path=str(result.path), **{**llama, "n_ctx": max(llama["n_ctx"], 512)})
-        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:PERPLEXITY_TOKENS]
-        ppl = perplexity(llm, tokens)
-        desc = llm._model.desc()
-        del llm
+        ppl, n_tokens, desc = file_perplexity(result.path, text, PERPLEXITY_TOKENS,
+                                              **{**llama, "n_ctx": max(llama["n_ctx"], 512)})
         plain = _plain_texts(result.runs)
         same = sum(1 for key, value in plain.items() if first_plain.get(key) == value)
         overall = {s["temperature"]: s["speedup"] for s in result.summaries if s["category"] == "all"}
         rows.append({
             "model": str(result.path), "desc": desc, "file_mb": round(result.path.stat().st_size / 2**20, 1),
             "verify_cost_ms": result.config["verify_cost_ms"], "perplexity": round(ppl, 3),
-            "perplexity_tokens": len(tokens), "identical_plain_outputs": {"identical": same, "of": len(plain)},
+            "perplexity_tokens": n_tokens, "identical_plain_outputs": {"identical": same, "of": len(plain)},
             "speedup_all": {str(t): v for t, v in overall.items()},
         })
     return rows
