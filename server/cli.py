@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import time
-from pathlib import Path
 
 import click
 
-from lookahead.models import ModelError, check_gguf, default_model_path
+from lookahead.cli.options import load_wrapped, model_options, resolve_model
 
 
 def _require_server_stack() -> None:
@@ -43,17 +41,9 @@ def _is_loopback(host: str) -> bool:
 @click.option("--api-key", envvar="LOOKAHEAD_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* (also from $LOOKAHEAD_API_KEY). "
                    "Default: no key.")
-@click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct Q4_1.")
+@model_options()
 @click.option("--model-name", default=None,
               help="The model id clients send and /v1/models lists. Default: the file name without .gguf.")
-@click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
-              help="Context window in tokens (prompt + output) shared by every request.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for llama.cpp (one-token and batched decodes). Default: all cores.")
-@click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
-              help="Layers to offload to a GPU build of llama.cpp (-1: all).")
-@click.option("--tree-width", type=click.IntRange(1, 8), default=1, show_default=True,
-              help="Branches one decode may verify (see `lookahead generate --help`).")
 @click.option("--max-draft", type=click.IntRange(min=1, max=256), default=64, show_default=True,
               help="Longest draft the cost model may choose.")
 @click.option("--temperature", "-t", type=click.FloatRange(0.0, 2.0), default=0.0, show_default=True,
@@ -100,23 +90,14 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     _require_server_stack()
     import uvicorn
 
-    import lookahead
     from lookahead.server.app import SamplingDefaults, ServerConfig, create_app, model_id_for
 
     if max_tokens is not None and max_tokens > n_ctx:
         raise click.BadParameter(f"{max_tokens} is larger than the context (--n-ctx {n_ctx})", param_hint="--max-tokens")
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("the API key is empty", param_hint="--api-key")
-    try:
-        path = check_gguf(model_path) if model_path is not None else default_model_path()
-    except ModelError as e:
-        raise click.BadParameter(str(e), param_hint="--model") from None
-    try:
-        n_threads = threads or os.cpu_count() or 1
-        fast = lookahead.load(path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                              n_gpu_layers=gpu_layers, max_draft=max_draft, tree_width=tree_width)
-    except ValueError as e:  # llama-cpp-python: "Failed to load model from file: ..."
-        raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
+    path = resolve_model(model_path)
+    fast = load_wrapped(path, n_ctx, threads, gpu_layers, tree_width, max_draft=max_draft)
     model_id = model_name or model_id_for(path)
     if warmup:
         t0 = time.perf_counter()
