@@ -210,7 +210,8 @@ class Lookahead:
         # (llama-cpp-python keeps sampling while the text ends inside one).
         engine_max = min(text.max_tokens + 3, self.target.n_ctx - len(prompt_tokens))
         steps = generate_tokens(self.target, prompt_tokens, params, rng, engine_max, drafter, index, stats,
-                                self.observer, with_rows=stopping_criteria is not None)
+                                self.observer, with_rows=stopping_criteria is not None,
+                                draft_limit=text.max_tokens)
         try:
             for step in steps:
                 token, row = step if stopping_criteria is not None else (step, None)

@@ -66,6 +66,7 @@ def generate_tokens(
     stats: SpeculationStats,
     observer: Callable[[np.ndarray, Sequence[int], Verdict], None] | None = None,
     with_rows: bool = False,
+    draft_limit: int | None = None,
 ) -> Iterator[int] | Iterator[tuple[int, np.ndarray]]:
     """Yield generated tokens one at a time, distributed exactly as plain sampling.
 
@@ -83,7 +84,9 @@ def generate_tokens(
     use it to check each emitted token against the logits the verifier saw. (For a tree draft
     `rows` are re-indexed along the accepted path: rows[i] is the row emitted token i came from;
     `draft` is the whole tree's tokens.) `with_rows`: yield (token, logits row it was sampled
-    from) instead; the row is a view, valid until the generator resumes.
+    from) instead; the row is a view, valid until the generator resumes. `draft_limit`: no
+    draft reaches past this many generated tokens (the caller's max_tokens, when
+    `max_new_tokens` leaves a few more only to finish a multi-byte character).
     """
     if len(prompt) == 0:
         raise ValueError("the prompt must hold at least one token")
@@ -106,12 +109,13 @@ def generate_tokens(
         # (so the first pass can already verify a draft), then always the newest token.
         pending = [int(t) for t in prompt[n_prefilled:]]
         first_step = True
+        draft_end = max_new_tokens if draft_limit is None else min(draft_limit, max_new_tokens)
         while len(generated) < max_new_tokens:
             if len(kv_tokens) + len(pending) > target.n_ctx:
                 break  # the context is full: the newest token was emitted, it cannot be decoded
             t0 = time.perf_counter()
             room = min(
-                max_new_tokens - len(generated) - 1,  # tokens beyond max_tokens are wasted
+                draft_end - len(generated) - 1,  # tokens beyond max_tokens are wasted
                 target.n_ctx - len(kv_tokens) - len(pending),  # KV must hold pending + draft
                 target.max_batch - len(pending),
             )

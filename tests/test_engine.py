@@ -49,6 +49,27 @@ def test_greedy_equals_the_table_with_and_without_drafts():
     assert stats.drafted > 0 and stats.accepted > 0 and stats.accepted < stats.drafted  # both outcomes seen
 
 
+def test_drafts_never_reach_past_the_draft_limit():
+    # max_new_tokens may leave a few tokens past max_tokens to finish a character: drafting
+    # into them would verify tokens that are almost always thrown away
+    target = FakeTarget()
+    expected = plain_greedy(target, PROMPT, 30)
+    index = SuffixIndex()
+    index.add_reference(PROMPT[-2:] + expected)  # a perfect reference: drafts as long as allowed
+    stats = SpeculationStats()
+    drafter = Drafter(flat_cost_model(target.max_batch), max_draft=16)
+    gen = generate_tokens(target, PROMPT, GREEDY, np.random.default_rng(0), 23, drafter, index, stats,
+                          draft_limit=20)
+    out = []
+    for token in gen:
+        out.append(token)
+        if len(out) == 20:
+            break  # the consumer's max_tokens
+    gen.close()
+    assert out == expected[:20]
+    assert stats.drafted > 0 and stats.generated_tokens == 20  # no draft token decoded past 20
+
+
 def test_after_a_request_the_cache_holds_exactly_the_tokens_the_engine_reports():
     target = FakeTarget()
     gen, stats = run(target, references=[corrupted(PROMPT[-2:] + plain_greedy(target, PROMPT, 60))])
