@@ -42,7 +42,7 @@ DEFAULT_GROWTH = 1.3  # most output tokens per source token, per request
 OUTPUT_SLACK_TOKENS = 32  # added to the output bound: short sources may grow by more than 30%
 TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the turns (roles, default system prompt)
 MIN_PIECE_TOKENS = 16
-LOOP_MAX_PERIOD = 8  # longest block of lines checked for back-to-back repetition
+LOOP_MAX_PERIOD = 16  # longest block of lines (blank ones included) checked for back-to-back repetition
 
 
 def is_code(filename: str | None) -> bool:

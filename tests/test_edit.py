@@ -106,6 +106,18 @@ def test_a_block_of_lines_repeated_back_to_back_is_a_loop():
     assert out.count("pip install") == 1
 
 
+def test_a_ten_line_block_with_blank_lines_is_a_loop():
+    # What the tallybook rewrite's plain greedy run did (bench rewrite mode): five paragraphs,
+    # ten lines with the blank ones, repeated until the output bound.
+    block = ("To see what you worked on this week, run:\n\ntallybook report --week\n\n"
+             "The report lists each project, the number of entries and total time.\n\n"
+             "When you are done, stop the timer:\n\ntallybook stop\n\n")
+    out, cleaner = stream_clean("# tallybook\n\n" + block * 6, TALLYBOOK)
+    assert cleaner.stopped == "loop"
+    assert out.count("tallybook stop") == 1
+    assert out.startswith("# tallybook\n\nTo see what")
+
+
 def test_repeats_that_the_source_has_are_not_a_loop():
     source = "rows:\n" + "| x | 0 |\n" * 4 + "end\n"
     out, cleaner = stream_clean(source.replace("rows", "Rows"), source)
