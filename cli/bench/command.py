@@ -11,6 +11,7 @@ from ..options import EXIT_INTERRUPTED, llama_settings, model_options, resolve_m
 from .methods import DEFAULT_METHODS, LOCAL_METHODS, SERVER_SPEC_TYPES, method_order
 from .plot import plot, require_matplotlib
 from .quant import QUANT_FORMATS, compare_formats, format_formats, quantized_model
+from .rewrite import bench_rewrites, format_rewrites, is_rewrite_file, load_rewrites
 from .run import ModelResult, bench_model
 from .table import format_table
 from .workloads import load_workloads
@@ -46,6 +47,11 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
     """Time lookahead against plain decoding and prompt lookup on the workloads in WORKLOADS.jsonl.
 
     Each line: {"id", "category", "messages": [...] or "prompt": "...", "max_tokens"}.
+    A file of rewrite items instead ({"id", "category", "file" or "text", "instruction",
+    "second"}, see samples/rewrites.jsonl) runs the rewrite mode: each file rewritten through
+    lookahead.edit with and without speculation, a quality check per item (output length
+    against the source, lines kept verbatim, loops stopped) and a second edit of the same
+    file timed against the first.
     Methods run interleaved in one process on one model, their order rotating every
     repetition; the KV cache is cleared before every call, so each pays its prefill.
     Prints a table per category and temperature (speedups are geometric means of plain
@@ -57,7 +63,13 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
       lookahead bench samples/workloads.jsonl --plot bench-t0.png
       lookahead bench samples/workloads.jsonl -t 0 -t 0.7 --json > bench.json
       lookahead bench samples/workloads.jsonl --limit 1 --reps 1 --max-tokens 32
+      lookahead bench samples/rewrites.jsonl --reps 1
     """
+    if is_rewrite_file(workloads_file):
+        _bench_rewrites(workloads_file, temperatures, reps, limit, categories, max_tokens, as_json, model_path,
+                        n_ctx, threads, gpu_layers, unsupported={"--llama-server": llama_server, "--plot": plot_path,
+                                                                 "--quant": quants})
+        return
     if plot_path is not None:
         require_matplotlib()
     temperatures = list(dict.fromkeys(temperatures))
@@ -111,3 +123,35 @@ def _print_model(result: ModelResult, n_workloads: int, with_server: bool) -> No
                   if with_server else "")
                + "; acceptance, tokens/pass, alpha, k, predicted: lookahead")
     click.echo(format_table(result.summaries))
+
+
+def _bench_rewrites(path, temperatures, reps, limit, categories, max_tokens, as_json, model_path, n_ctx, threads,
+                    gpu_layers, unsupported) -> None:
+    """The rewrite mode (see cli/bench/rewrite.py)."""
+    for option, value in unsupported.items():
+        if value:
+            raise click.UsageError(f"{option} is not available for rewrite items ({path} holds rewrite items)")
+    items = load_rewrites(path, categories, limit)
+    model = resolve_model(model_path)
+    llama = llama_settings(n_ctx, threads, gpu_layers)
+    log = lambda message: click.echo(message, err=True)
+    log(f"rewrite mode: {len(items)} items, plain (speculate=False) and lookahead through lookahead.edit, "
+        f"{reps} reps, {model.name}")
+    results = []
+    try:
+        for temperature in dict.fromkeys(temperatures):
+            result = bench_rewrites(model, llama, items, temperature, reps, log, max_tokens)
+            results.append({"temperature": temperature, **result})
+    except KeyboardInterrupt:
+        log("\ninterrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    if as_json:
+        click.echo(json.dumps({"config": {"workloads_file": str(path), "model": str(model), "n_ctx": llama["n_ctx"],
+                                          "reps": reps, "mode": "rewrite"}, "results": results}, ensure_ascii=False))
+        return
+    for result in results:
+        click.echo(f"{model.name}, rewrite items from {path}, t={result['temperature']:g}, {reps} reps "
+                   "(speedup: plain median / lookahead median, end to end; decode ×: per output token after "
+                   "the first text; quality columns: lookahead's first output)")
+        click.echo(format_rewrites(result))
+        click.echo("")
