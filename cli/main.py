@@ -202,9 +202,12 @@ def _consume(chunks: Iterator[tuple[str, str | None, dict | None]], echo: bool, 
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the result here (atomically, once complete). Default: stream to stdout.")
 @click.option("--in-place", is_flag=True, help="Replace FILE with the result (atomically, once complete).")
+@click.option("--force", is_flag=True,
+              help="Write --output / --in-place even when the answer diverged (cut short by a loop or its "
+                   "bound while keeping under a quarter of FILE's lines); without it nothing is written then.")
 @_sampling_options
 @model_options()
-def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_p, repeat_penalty, seed,
+def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_p, min_p, repeat_penalty, seed,
             max_tokens, stop, no_speculate, max_draft, show_stats, as_json, model_path, n_ctx, threads, gpu_layers,
             tree_width):
     """Rewrite FILE following --instruction, with FILE registered as the reference to copy from.
@@ -214,7 +217,9 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
     or an error never leaves a half-written file. The output is bounded by the input's
     length and a loop of repeated lines is stopped (with a warning on stderr). A file longer
     than the context is rewritten in parts cut at headings, paragraphs or top-level
-    definitions, streamed in order.
+    definitions, streamed in order. An answer that diverged from FILE (cut short by a loop or
+    its length bound, keeping under a quarter of FILE's lines: the model answered with
+    something other than a rewrite) is not written without --force; exit code 1.
     """
     from lookahead import edit
 
@@ -251,7 +256,8 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
             progress.update(piece)
         progress.done()
         result = rw.result
-        if destination is not None:
+        refused = destination is not None and result.diverged and not force
+        if destination is not None and not refused:
             write_atomic(destination, result.text)
     except ValueError as e:
         progress.done()
@@ -264,16 +270,22 @@ def rewrite(file, instruction, output, in_place, temperature, top_k, top_p, min_
         sys.exit(EXIT_INTERRUPTED)
     if as_json:
         click.echo(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                               "output": str(destination) if destination else None, "warnings": result.warnings,
-                               "parts": len(result.pieces), "speculation": result.speculation}, ensure_ascii=False))
+                               "output": str(destination) if destination and not refused else None,
+                               "warnings": result.warnings, "parts": len(result.pieces),
+                               "lines_kept": round(result.lines_kept, 3), "diverged": result.diverged,
+                               "speculation": result.speculation}, ensure_ascii=False))
     elif destination is None and not result.text.endswith("\n"):
         click.echo("")
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
-    if destination is not None:
-        click.echo(f"wrote {destination} ({len(result.text)} chars, finish: {result.finish_reason})", err=True)
     if show_stats:
         _print_stats(result.speculation)
+    if refused:
+        raise click.ClickException(
+            f"not written: the answer diverged from {file} (finish: {result.finish_reason}, "
+            f"{result.lines_kept:.0%} of its lines kept); {destination} is untouched. --force writes it anyway.")
+    if destination is not None:
+        click.echo(f"wrote {destination} ({len(result.text)} chars, finish: {result.finish_reason})", err=True)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -42,6 +42,7 @@ DEFAULT_GROWTH = 1.3  # most output tokens per source token, per request
 OUTPUT_SLACK_TOKENS = 32  # added to the output bound: short sources may grow by more than 30%
 TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the turns (roles, default system prompt)
 MIN_PIECE_TOKENS = 16
+DIVERGED_LINES_KEPT = 0.25  # see EditResult.diverged
 LOOP_MAX_PERIOD = 16  # longest block of lines (blank ones included) checked for back-to-back repetition
 
 
@@ -366,6 +367,22 @@ class AnswerCleaner:
 
 
 # ---- resuming after a cut -----------------------------------------------------------------------
+def lines_kept(source: str, output: str) -> float:
+    """Share of the source's non-blank lines found verbatim, in order, in the output (0..1).
+
+    A rough measure of how much of the text a rewrite kept: a typo fix keeps most lines, a
+    model that answered with something else keeps none.
+    """
+    import difflib
+
+    src = [line.rstrip() for line in source.splitlines() if line.strip()]
+    out = [line.rstrip() for line in output.splitlines() if line.strip()]
+    if not src:
+        return 1.0
+    matcher = difflib.SequenceMatcher(None, src, out, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks()) / len(src)
+
+
 def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75,
                   min_matched: float = 0.5) -> int:
     """Where in `source` the text not yet rewritten starts, given the rewrite `kept` so far.
@@ -542,11 +559,19 @@ class EditResult:
     warnings: list[str]
     pieces: list[PieceResult]
     speculation: dict
+    lines_kept: float = 1.0  # `lines_kept(source region, text)`
+
+    @property
+    def diverged(self) -> bool:
+        """Cut short (a loop or the length bound) and keeping under a quarter of the source's
+        lines: the model answered with something other than a rewrite. `lookahead rewrite`
+        then writes no file unless told to."""
+        return self.finish_reason in ("loop", "length") and self.lines_kept < DIVERGED_LINES_KEPT
 
     def to_dict(self) -> dict:
         return {"text": self.text, "region": list(self.region), "finish_reason": self.finish_reason,
                 "warnings": list(self.warnings), "pieces": [vars(p) for p in self.pieces],
-                "speculation": self.speculation}
+                "speculation": self.speculation, "lines_kept": self.lines_kept, "diverged": self.diverged}
 
 
 def merge_speculation(stats: Sequence[dict]) -> dict:
@@ -710,7 +735,8 @@ class Rewrite:
         s, e = self.region
         self.result = EditResult(text=text, document=self.source[:s] + text + self.source[e:], region=self.region,
                                  finish_reason=finish, warnings=warnings, pieces=pieces,
-                                 speculation=merge_speculation([p.speculation for p in pieces]))
+                                 speculation=merge_speculation([p.speculation for p in pieces]),
+                                 lines_kept=lines_kept(self.source[s:e], text))
 
 
 def token_count(fast: Any, text: str) -> int:

@@ -445,3 +445,43 @@ def test_a_rewrite_cut_short_goes_on_with_the_original():
     assert result.text == ("# Doc\n\nAlpha line one\n\nthe same long line repeated over and over\n\n"
                            "beta line two\n\ngamma line three\n")
     assert result.finish_reason == "loop" and "from line 5 on, the original text is kept" in result.warnings[0]
+
+
+def test_an_answer_that_is_not_a_rewrite_is_marked_diverged():
+    text = "# Notes\n\nThe meeting is on Monday.\n\n- Anna books the room.\n- Ben sends the agenda.\n"
+    looping = ScriptedModel(lambda source: "**2025-03-14 10:00:00**\n" * 30)
+    result = edit.rewrite(looping, text, "Write the dates in ISO form", stream=False)
+    assert result.finish_reason == "loop" and result.lines_kept == 0.0 and result.diverged
+    assert result.to_dict()["diverged"] is True
+    faithful = edit.rewrite(ScriptedModel(lambda source: source.replace("Monday", "Tuesday")), text, "Move it",
+                            stream=False)
+    assert faithful.lines_kept == 0.75 and not faithful.diverged  # 3 of the 4 lines kept verbatim
+    translated = edit.rewrite(ScriptedModel(lambda source: source.upper()), text, "Shout", stream=False)
+    assert translated.lines_kept == 0.0 and not translated.diverged  # ended by itself: a real rewrite
+
+
+def _cli_with(model, monkeypatch, *args):
+    from click.testing import CliRunner
+
+    import lookahead.cli.main as main
+
+    model.llm = type("Llm", (), {"model_path": "scripted.gguf"})()
+    monkeypatch.setattr(main, "load_wrapped", lambda *a, **k: model)
+    return CliRunner().invoke(main.main, ["rewrite", *map(str, args)])
+
+
+def test_rewrite_does_not_write_a_diverged_answer_without_force(tmp_path, monkeypatch):
+    path = tmp_path / "notes.md"
+    original = "# Notes\n\nThe meeting is on Monday.\n\n- Anna books the room.\n"
+    path.write_text(original)
+    looping = lambda source: "**2025-03-14 10:00:00**\n" * 30
+    out = _cli_with(ScriptedModel(looping), monkeypatch, path, "-i", "ISO dates", "--in-place")
+    assert out.exit_code == 1 and "not written: the answer diverged" in out.output and "--force" in out.output
+    assert path.read_text() == original
+    out = _cli_with(ScriptedModel(looping), monkeypatch, path, "-i", "ISO dates", "--in-place", "--force")
+    assert out.exit_code == 0, out.output
+    assert path.read_text().startswith("**2025-03-14 10:00:00**")
+    path.write_text(original)
+    out = _cli_with(ScriptedModel(lambda s: s.replace("Monday", "Friday")), monkeypatch, path, "-i", "Friday",
+                    "--in-place")
+    assert out.exit_code == 0 and path.read_text() == original.replace("Monday", "Friday")
