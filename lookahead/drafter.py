@@ -188,8 +188,12 @@ class CostModel:
             curve = t1 * (1 + self.prior_slope * (n - 1))
         else:
             times = self._ms[sizes]
-            # A decode of more tokens never costs less: enforce a non-decreasing curve.
-            times = np.maximum.accumulate(times)
+            # A decode of more tokens never costs less: enforce a non-decreasing curve, from the
+            # right. A size's time is capped by every larger size's, so one slow outlier (a
+            # shared machine's preemption, kept by a size seen only once) cannot raise the
+            # whole curve above it and switch drafting off; a too-fast timing is not a failure
+            # mode of a busy machine.
+            times = np.minimum.accumulate(times[::-1])[::-1]
             curve = np.interp(n, sizes, times)
             last_n, last_t = sizes[-1], times[-1]
             if len(sizes) >= 2:
