@@ -24,6 +24,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lookahead.adapters.llama_cpp import prompt_cache_off
+
 from .decoder import CHUNK, END, ERROR, Decoder, Job, QueueFull
 from .protocol import APIError, ChatRequest, CompletionRequest, parse_json_body, parse_request, usage_block
 
@@ -162,9 +164,14 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         return kwargs
 
     # ---- running a request -------------------------------------------------------------------
-    def library_chunks(call: Callable[[], Iterator[dict]]) -> Iterator[dict]:
-        """The library's stream for one request, started in the decoding thread."""
-        yield from call()  # closing this generator closes the library's stream
+    def library_chunks(call: Callable[[], Iterator[dict]], cache_prompt: bool) -> Iterator[dict]:
+        """The library's stream for one request, started in the decoding thread. With
+        `cache_prompt` off it starts from an empty KV cache and skips the saved prefix states."""
+        if cache_prompt:
+            yield from call()
+            return
+        with prompt_cache_off(fast.llm):
+            yield from call()  # closing this generator closes the library's stream
 
     def submit(run: Callable[[], Any], collect: Callable[[list], dict] | None = None) -> Job:
         """Queue a job; `collect`: a non-streamed request, whose response is built from its chunks
@@ -302,7 +309,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
             raise refuse("top_logprobs", "this server's Llama keeps no logits for every position (logits_all=False)")
         kwargs["messages"] = chat_messages(req)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        chunks = lambda: library_chunks(lambda: fast.create_chat_completion(**kwargs))
+        chunks = lambda: library_chunks(lambda: fast.create_chat_completion(**kwargs), req.cache_prompt is not False)
         if not req.stream:
             return await respond(submit(chunks, lambda kept: whole_response(kept, chat=True)), request, False)
         return await respond(submit(lambda: stream_with_usage(chunks(), include_usage, chat_chunk_text)), request, True)
@@ -332,7 +339,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         kwargs.update(prompt=prompt, echo=bool(req.echo))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         echoed = bool(req.echo) and isinstance(prompt, str) and bool(prompt)
-        chunks = lambda: library_chunks(lambda: fast.create_completion(**kwargs))
+        chunks = lambda: library_chunks(lambda: fast.create_completion(**kwargs), req.cache_prompt is not False)
         if not req.stream:
             def collect(kept: list[dict]) -> dict:  # echo: the prompt before the text, as the library does
                 echo_text = "" if not req.echo else prompt if isinstance(prompt, str) else b"".join(

@@ -434,6 +434,24 @@ def test_non_streamed_answers_have_the_librarys_shape(server, local):
         assert out["choices"][0]["text"].startswith(prompt)
 
 
+def test_cache_prompt_false_pays_the_whole_prefill(client):
+    doc = (SAMPLES / "code" / "textutils.py").read_text()
+    messages = [{"role": "user", "content": f"Summarise this file in one line.\n\n{doc}"}]
+    ask = lambda **extra: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                         extra_body=extra)
+    ask()
+    again = ask()
+    assert again.usage.prompt_tokens_details.cached_tokens > 100  # the default: the prefix is reused
+    fresh = ask(cache_prompt=False)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.model_extra["speculation"]["reused_prompt_tokens"] == 0
+    assert fresh.usage.prompt_tokens == again.usage.prompt_tokens
+    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body={"cache_prompt": False}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_a_non_streamed_request_whose_client_leaves_is_stopped(server, client, local):
     """The client closes its connection while a long non-streamed completion decodes: the
     generation is stopped (the `cancelled` counter), and the next answer is right."""
