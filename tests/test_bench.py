@@ -368,20 +368,22 @@ def test_bad_server_urls_are_named(url):
 def _http_run(method, rep=0, seconds=1.0, text="out", workload="w1", category="edit", temperature=0.0, **kw):
     from lookahead.cli.bench.http import HttpRun
 
-    fields = dict(completion_tokens=10, request_ms=900.0, prefill_ms=100.0, ttft_s=0.2)
+    fields = dict(completion_tokens=11, request_ms=900.0, prefill_ms=100.0, ttft_s=0.2)
     fields.update(kw)
     return HttpRun(workload, category, temperature, rep, method, seconds, text, **fields)
 
 
 def test_http_run_overhead_is_client_time_minus_library_time_per_token():
-    run = _http_run("http-plain", seconds=1.0, completion_tokens=10, request_ms=960.0, prefill_ms=160.0)
+    run = _http_run("http-plain", seconds=1.0, completion_tokens=10, request_ms=960.0, ttft_s=0.28)
     assert run.overhead_ms_per_token == pytest.approx(4.0)  # (1000 - 960) / 10
-    assert run.decode_ms_per_token == pytest.approx(80.0)  # (960 - 160) / 10
+    assert run.decode_ms_per_token == pytest.approx(80.0)  # (1000 - 280) / 9
     assert run.overhead_share == pytest.approx(0.05)
+    assert _http_run("http-plain", completion_tokens=1).decode_ms_per_token is None
     assert _http_run("http-plain", request_ms=None).overhead_share is None
     assert _http_run("http-plain", completion_tokens=0).overhead_ms_per_token is None
     sampled = _http_run("http-plain", temperature=0.7, seconds=2.0, ttft_s=0.2, completion_tokens=10)
     assert sampled.cost == pytest.approx(0.2)  # (2.0 - 0.2) / 9
+    assert _http_run("http-plain", seconds=2.0).cost == 2.0  # at temperature 0: the whole request
 
 
 def test_http_summaries_by_hand():
@@ -403,8 +405,10 @@ def test_http_summaries_by_hand():
     assert w1[HTTP_LOOKAHEAD]["identical"] is True and w1[HTTP_PREDICTION]["identical"] is False
     assert w1[HTTP_PLAIN]["identical"] is None
     assert w1[HTTP_PREDICTION]["prediction_accepted"] == 13 and w1[HTTP_PREDICTION]["acceptance_rate"] == 0.75
-    # plain at 3.0 s with request_ms 900: (3000 - 900) / 10 tokens = 210 ms, over (900 - 100) / 10 = 80 ms
-    assert w1[HTTP_PLAIN]["overhead_ms_per_token"] == 210.0 and w1[HTTP_PLAIN]["overhead_share"] == 2.625
+    # plain at 3.0 s with request_ms 900, 11 tokens, the first at 0.2 s: (3000 - 900) / 11 ms of
+    # overhead per token, over a decode time per token of (3000 - 200) / 10 = 280 ms
+    assert w1[HTTP_PLAIN]["overhead_ms_per_token"] == pytest.approx(2100 / 11, abs=1e-4)
+    assert w1[HTTP_PLAIN]["overhead_share"] == pytest.approx(2100 / 11 / 280, abs=1e-4)
     assert [s["category"] for s in summaries] == ["edit", "open", "all"]
     overall = summaries[-1]
     assert overall["n"] == 2
@@ -412,13 +416,13 @@ def test_http_summaries_by_hand():
     assert overall["prediction_gain"] == pytest.approx(2.0 ** 0.5, abs=1e-4)
     assert overall["prediction_tokens"] == {"accepted": 14, "rejected": 3}  # medians 13 and 1; 3 and 0
     assert overall["identical"][HTTP_PREDICTION] == {"identical": 1, "of": 2}
-    # the lookahead requests: 1.0 s each, (1000 - 900) / 10 = 10 ms per token, 10 / 80 = 12.5%
-    assert overall["overhead"][HTTP_LOOKAHEAD]["ms_per_token"] == 10.0
-    assert overall["overhead"][HTTP_LOOKAHEAD]["share"] == 0.125
+    # the lookahead requests: 1.0 s each, (1000 - 900) / 11 ms per token, over (1000 - 200) / 10 = 80 ms
+    assert overall["overhead"][HTTP_LOOKAHEAD]["ms_per_token"] == pytest.approx(100 / 11, abs=1e-4)
+    assert overall["overhead"][HTTP_LOOKAHEAD]["share"] == pytest.approx(100 / 11 / 80, abs=1e-4)
     table = format_http_table(summaries)
     assert table.splitlines()[0].split()[:4] == ["category", "t", "n", "lookahead"]
     last = table.splitlines()[-1].split()
-    assert last[:5] == ["all", "0", "2", "1.73", f"{6.0 ** 0.5:.2f}"] and "12.5%" in last
+    assert last[:5] == ["all", "0", "2", "1.73", f"{6.0 ** 0.5:.2f}"] and f"{100 / 11 / 80:.1%}" in last
 
 
 @pytest.mark.model

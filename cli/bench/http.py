@@ -12,9 +12,9 @@ whole prompt prefill:
 Besides the speedups, each request measures the server layer: the client's time for the
 request minus the library's own time for it (`speculation["request_ms"]`: the chat template,
 tokenizing, the engine, the chunks, not the time the server spends writing them out), per
-output token, as a share of the library's decode time per token ((request_ms - prefill_ms)
-per output token). That is everything HTTP adds: parsing and validating the request, the
-queue to the decoding thread, server-sent events, and the client reading them.
+output token, as a share of the decode time per token (the client's time after the first
+token, per later token). That is everything HTTP adds: parsing and validating the request,
+the queue to the decoding thread, server-sent events, and the client reading them.
 
 The pure parts (request bodies, the summaries, the table) are at the top; tests/test_bench.py
 checks them by hand.
@@ -50,8 +50,8 @@ HTTP_PREDICTION = "http-prediction"
 HTTP_METHODS = (HTTP_PLAIN, HTTP_LOOKAHEAD, HTTP_PREDICTION)
 
 OVERHEAD_BASIS = ("server overhead = (client's time for the request - the library's own time for it, "
-                  "speculation.request_ms) per output token; share = that over the library's decode time per "
-                  "output token ((request_ms - prefill_ms) / output tokens)")
+                  "speculation.request_ms) per output token; share = that over the decode time per token (the "
+                  "client's time after the first token / the output tokens after the first)")
 SPEEDUP_BASIS = ("median client time of http-plain / of the method at temperature 0; above 0, median client decode "
                  "seconds per output token after the first (sampled outputs differ in length)")
 
@@ -108,7 +108,7 @@ class HttpRun:
     ttft_s: float | None = None
     completion_tokens: int = 0
     request_ms: float | None = None  # the library's own time for the request
-    prefill_ms: float | None = None
+    prefill_ms: float | None = None  # the library's prefill (all of the prompt but its last chunk)
     reused_prompt_tokens: int | None = None  # should be 0 (cache_prompt: false)
     drafted: int = 0
     accepted: int = 0
@@ -124,10 +124,11 @@ class HttpRun:
 
     @property
     def decode_ms_per_token(self) -> float | None:
-        """The library's decode time per output token (its time after the prefill)."""
-        if self.request_ms is None or self.prefill_ms is None or not self.completion_tokens:
+        """Decode time per token: the client's time after the first token, per later token
+        (no prefill in it, not even the prompt's last chunk, decoded with the first token)."""
+        if self.ttft_s is None or self.completion_tokens < 2:
             return None
-        return (self.request_ms - self.prefill_ms) / self.completion_tokens
+        return 1000 * (self.seconds - self.ttft_s) / (self.completion_tokens - 1)
 
     @property
     def overhead_share(self) -> float | None:
@@ -456,5 +457,6 @@ def print_http(result: HttpResult, n_workloads: int) -> None:
                "prediction ÷ none: http-prediction over http-lookahead; pred. accepted/rejected: prediction tokens "
                "the verifier kept/refused (sum of the workloads' medians)")
     click.echo("overhead: (client time - the library's request_ms) per output token, its median in ms for "
-               "http-plain, and per method as a share of the library's decode time per token (median over requests)")
+               "http-plain, and per method as a share of the decode time per token (client time after the first "
+               "token per later token; median over requests)")
     click.echo(format_http_table(result.summaries))
