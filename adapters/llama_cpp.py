@@ -20,7 +20,8 @@ import ctypes
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -216,6 +217,20 @@ def clear_kv_cache(llm: "llama_cpp.Llama") -> None:
         states.clear()
     llm.reset()
     llm._ctx.kv_cache_clear()
+
+
+@contextmanager
+def prompt_cache_off(llm: "llama_cpp.Llama") -> Iterator[None]:
+    """Requests on `llm` inside the block start from an empty KV cache and neither use nor fill
+    its saved prefix states: each pays its whole prompt prefill (the server's `cache_prompt:
+    false`, for benches). The saved states stay for the requests after the block."""
+    states = _PREFIX_STATES.pop(llm, None)
+    llm.reset()  # nothing cached: the next prefill keeps no KV entry (and drops the others)
+    try:
+        yield
+    finally:
+        if states is not None:
+            _PREFIX_STATES.setdefault(llm, states)
 
 
 def enable_tree_drafts(llm: "llama_cpp.Llama", width: int = 4) -> "llama_cpp.Llama":

@@ -126,12 +126,14 @@ class Lookahead:
         plain path through the same engine. The result has a `speculation` entry (stream: in
         the last chunk).
         """
+        clock = _Clock()
         arguments = dict(locals())
+        del arguments["clock"]
         unsupported = [name for name, default in UNSUPPORTED_DEFAULTS.items() if arguments[name] != default]
         if unsupported:
             plain = {k: v for k, v in arguments.items()
                      if k not in ("self", "references", "prediction", "speculate")}
-            return self._fallback(unsupported, plain)
+            return self._fallback(unsupported, plain, clock)
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer))):
             raise ValueError(f"max_tokens must be an integer or None, got {max_tokens!r}")
         params = SamplingParams(
@@ -168,10 +170,11 @@ class Lookahead:
                             yield chunk(piece.decode("utf-8", errors="ignore"), None)
                 last = chunk("", text.finish_reason)
                 last["usage"] = _usage(len(prompt_tokens), len(text.tokens))
+                stats.request_ms = clock.ms()
                 last["speculation"] = stats.to_dict()
                 yield last
 
-            return CompletionStream(stream_chunks(), stats.to_dict)
+            return CompletionStream(stream_chunks(), stats.to_dict, clock)
 
         for _ in pieces:
             pass
@@ -181,6 +184,7 @@ class Lookahead:
                    b"".join(self.target.piece(t) for t in prompt_tokens).decode("utf-8", errors="ignore")) + out
         result = chunk(out, text.finish_reason)
         result["usage"] = _usage(len(prompt_tokens), len(text.tokens))
+        stats.request_ms = clock.ms()
         result["speculation"] = stats.to_dict()
         return result
 
@@ -243,6 +247,7 @@ class Lookahead:
         `prediction` and `speculate` as in `create_completion`, and a `speculation` entry
         (stream: in the last chunk).
         """
+        clock = _Clock()
         captured: list[dict] = []  # this request's stats, whatever the template does with chunks
         usage: list[dict] = []  # and its token counts (a chat stream's chunks drop them)
         inner: list[CompletionStream] = []  # the completion stream under a chat stream
@@ -258,12 +263,14 @@ class Lookahead:
 
         result = self.target.chat_completion(complete, messages, **kwargs)
         if isinstance(result, dict):
-            result["speculation"] = captured[-1] if captured else None
+            # the template and the chat conversion are the library's time too
+            result["speculation"] = {**captured[-1], "request_ms": round(clock.ms(), 3)} if captured else None
             return result
-        return CompletionStream(_with_speculation_last(result, captured, usage=usage),
-                                lambda: inner[-1].speculation if inner else (captured[-1] if captured else None))
+        return CompletionStream(_with_speculation_last(result, captured, usage=usage, clock=clock),
+                                lambda: inner[-1].speculation if inner else (captured[-1] if captured else None),
+                                clock)
 
-    def _fallback(self, unsupported: list[str], arguments: dict[str, Any]):
+    def _fallback(self, unsupported: list[str], arguments: dict[str, Any], clock: "_Clock"):
         """Run a request the engine cannot on the target's plain path; the stats say why."""
         plain = getattr(self.target, "plain_completion", None)
         if plain is None:
@@ -274,9 +281,34 @@ class Lookahead:
         result = plain(**arguments)
         if isinstance(result, dict):
             stats.total_ms = 1000 * (time.perf_counter() - t0)
+            stats.request_ms = clock.ms()
             result["speculation"] = stats.to_dict()
             return result
-        return CompletionStream(_with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats), stats.to_dict)
+        return CompletionStream(_with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats, clock=clock),
+                                stats.to_dict, clock)
+
+
+class _Clock:
+    """The library's own time for one request (`speculation["request_ms"]`): it runs from the
+    call until the call returns, then, for a stream, only while the next chunk is being made,
+    so the time the consumer spends between chunks (a server writing them out) is not counted."""
+
+    def __init__(self):
+        self._ms = 0.0
+        self._since: float | None = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._ms += 1000 * (time.perf_counter() - self._since)
+            self._since = None
+
+    def resume(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def ms(self) -> float:
+        running = 1000 * (time.perf_counter() - self._since) if self._since is not None else 0.0
+        return self._ms + running
 
 
 class CompletionStream:
@@ -284,15 +316,24 @@ class CompletionStream:
     `speculation` stats), whose `speculation` property gives the request's stats at any time,
     also after `close()` ends it early (generation stops at the next step)."""
 
-    def __init__(self, chunks: Iterator[dict], speculation: Callable[[], dict | None]):
+    def __init__(self, chunks: Iterator[dict], speculation: Callable[[], dict | None], clock: _Clock | None = None):
         self._chunks = chunks
         self._speculation = speculation
+        self._clock = clock
+        if clock is not None:
+            clock.pause()  # the call returns: the consumer's time starts
 
     def __iter__(self) -> "CompletionStream":
         return self
 
     def __next__(self) -> dict:
-        return next(self._chunks)
+        if self._clock is None:
+            return next(self._chunks)
+        self._clock.resume()
+        try:
+            return next(self._chunks)
+        finally:
+            self._clock.pause()
 
     def close(self) -> None:
         close = getattr(self._chunks, "close", None)
@@ -338,9 +379,9 @@ def _recording_speculation(chunks: Iterator[dict], captured: list[dict], usage: 
 
 def _with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: float | None = None,
                            stats: SpeculationStats | None = None,
-                           usage: list[dict] | None = None) -> Iterator[dict]:
-    """Yield the chunks; the last one gets the request's stats (`captured[-1]`) and, when the
-    stream's own chunks dropped it, its usage."""
+                           usage: list[dict] | None = None, clock: _Clock | None = None) -> Iterator[dict]:
+    """Yield the chunks; the last one gets the request's stats (`captured[-1]`, with the
+    request's time on `clock`) and, when the stream's own chunks dropped it, its usage."""
     with _closing(chunks):
         previous = None
         for item in chunks:
@@ -351,7 +392,10 @@ def _with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: flo
         if stats is not None and t0 is not None:
             stats.total_ms = 1000 * (time.perf_counter() - t0)
             captured = [stats.to_dict()]
-        previous["speculation"] = captured[-1] if captured else None
+        speculation = captured[-1] if captured else None
+        if speculation is not None and clock is not None:
+            speculation = {**speculation, "request_ms": round(clock.ms(), 3)}
+        previous["speculation"] = speculation
         if usage and "usage" not in previous:
             previous["usage"] = usage[-1]
         yield previous

@@ -586,7 +586,8 @@ def merge_speculation(stats: Sequence[dict]) -> dict:
         for key in ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "target_passes", "draft_passes",
                     "tree_passes", "drafted", "accepted"):
             setattr(total, key, getattr(total, key) + int(s.get(key, 0)))
-        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms"):
+        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
+                    "request_ms"):
             setattr(total, key, getattr(total, key) + float(s.get(key, 0.0)))
         for k, v in s.get("accept_histogram", {}).items():
             total.accept_histogram[int(k)] = total.accept_histogram.get(int(k), 0) + int(v)

@@ -29,7 +29,11 @@ class SpeculationStats:
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
     calibration_ms: float = 0.0  # one-off timings: decode threads, verify-cost curve (first request)
     decode_threads: int | None = None  # threads of one-token decodes (llama.cpp), measured once
-    total_ms: float = 0.0
+    total_ms: float = 0.0  # the engine's time: from the prefill to the last token
+    # The library's whole time for the request: total_ms plus the chat template, tokenizing and
+    # building the text and chunks; a stream counts only the time spent making its chunks, not
+    # the time its consumer holds them (so a server's own cost is its client's time minus this).
+    request_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
 
     def record_step(self, drafted: int, accepted: int, emitted: int, source: int = 0) -> None:
@@ -67,7 +71,8 @@ class SpeculationStats:
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
         out["tokens_per_second"] = round(self.tokens_per_second, 2)
-        for key in ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms"):
+        for key in ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
+                    "request_ms"):
             out[key] = round(out[key], 3)
         return out
 

@@ -24,6 +24,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lookahead.adapters.llama_cpp import prompt_cache_off
+
 from .decoder import CHUNK, END, ERROR, Decoder, Job, QueueFull
 from .protocol import APIError, ChatRequest, CompletionRequest, parse_json_body, parse_request, usage_block
 
@@ -149,7 +151,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
             presence_penalty=req.presence_penalty or 0.0,
             stop=req.stop_list(),
             seed=req.seed,
-            stream=bool(req.stream),
+            stream=True,  # a non-streamed request is assembled from the chunks (see `submit`)
             model=config.model_id,
         )
         if req.speculate is not None:
@@ -162,8 +164,19 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         return kwargs
 
     # ---- running a request -------------------------------------------------------------------
-    def submit(run: Callable[[], Any]) -> Job:
-        job = Job(run, asyncio.get_running_loop())
+    def library_chunks(call: Callable[[], Iterator[dict]], cache_prompt: bool) -> Iterator[dict]:
+        """The library's stream for one request, started in the decoding thread. With
+        `cache_prompt` off it starts from an empty KV cache and skips the saved prefix states."""
+        if cache_prompt:
+            yield from call()
+            return
+        with prompt_cache_off(fast.llm):
+            yield from call()  # closing this generator closes the library's stream
+
+    def submit(run: Callable[[], Any], collect: Callable[[list], dict] | None = None) -> Job:
+        """Queue a job; `collect`: a non-streamed request, whose response is built from its chunks
+        in the decoding thread (so that a client leaving stops it, as it stops a stream)."""
+        job = Job(run, asyncio.get_running_loop(), collect)
         try:
             decoder.submit(job)
         except QueueFull as e:
@@ -223,6 +236,22 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
                                       result.get("speculation"))
         return result
 
+    def whole_response(chunks: list[dict], chat: bool, echo_text: str = "") -> dict:
+        """The response a non-streamed call of the library gives, from its stream's chunks."""
+        first, last = chunks[0], chunks[-1]
+        finish = next((c["choices"][0].get("finish_reason") for c in reversed(chunks)
+                       if c["choices"] and c["choices"][0].get("finish_reason")), None)
+        if chat:
+            text = "".join(chat_chunk_text(c) for c in chunks)
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+        else:
+            text = echo_text + "".join(completion_chunk_text(c) for c in chunks)
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        return finish_result({"id": first["id"], "object": "chat.completion" if chat else "text_completion",
+                              "created": first["created"], "model": config.model_id, "choices": [choice],
+                              "usage": last.get("usage"), "speculation": last.get("speculation")})
+
     def stream_with_usage(chunks: Iterator[dict], include_usage: bool, text_of: Callable[[dict], str],
                           skip_first: bool = False) -> Iterator[dict]:
         """The library's chunks, then (include_usage) OpenAI's last chunk: no choices, the usage.
@@ -280,14 +309,10 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
             raise refuse("top_logprobs", "this server's Llama keeps no logits for every position (logits_all=False)")
         kwargs["messages"] = chat_messages(req)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        def run():
-            out = fast.create_chat_completion(**kwargs)
-            if isinstance(out, dict):
-                return finish_result(out)
-            return stream_with_usage(out, include_usage, chat_chunk_text)
-
-        return await respond(submit(run), request, bool(req.stream))
+        chunks = lambda: library_chunks(lambda: fast.create_chat_completion(**kwargs), req.cache_prompt is not False)
+        if not req.stream:
+            return await respond(submit(chunks, lambda kept: whole_response(kept, chat=True)), request, False)
+        return await respond(submit(lambda: stream_with_usage(chunks(), include_usage, chat_chunk_text)), request, True)
 
     async def completions(request: Request) -> Response:
         authorize(request)
@@ -314,14 +339,16 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         kwargs.update(prompt=prompt, echo=bool(req.echo))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         echoed = bool(req.echo) and isinstance(prompt, str) and bool(prompt)
+        chunks = lambda: library_chunks(lambda: fast.create_completion(**kwargs), req.cache_prompt is not False)
+        if not req.stream:
+            def collect(kept: list[dict]) -> dict:  # echo: the prompt before the text, as the library does
+                echo_text = "" if not req.echo else prompt if isinstance(prompt, str) else b"".join(
+                    fast.target.piece(int(t)) for t in prompt).decode("utf-8", errors="ignore")
+                return whole_response(kept, chat=False, echo_text=echo_text)
 
-        def run():
-            out = fast.create_completion(**kwargs)
-            if isinstance(out, dict):
-                return finish_result(out)
-            return stream_with_usage(out, include_usage, completion_chunk_text, skip_first=echoed)
-
-        return await respond(submit(run), request, bool(req.stream))
+            return await respond(submit(chunks, collect), request, False)
+        return await respond(submit(lambda: stream_with_usage(chunks(), include_usage, completion_chunk_text,
+                                                              skip_first=echoed)), request, True)
 
     def model_card() -> dict:
         return {"id": config.model_id, "object": "model", "created": config.created, "owned_by": "lookahead",

@@ -78,8 +78,10 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     A request's `prediction` ({"type": "content", "content": TEXT}) is used as a reference for
     that request: the tokens it drafts and the verifier accepts or rejects are counted in
     usage.completion_tokens_details. Extensions: `references` (more texts to copy from),
-    `speculate: false` (plain decoding), `top_k`, `min_p`, `repeat_penalty`; the speculation
-    stats come back in a `speculation` field. One model, one request decoding at a time.
+    `speculate: false` (plain decoding), `cache_prompt: false` (no reuse of cached prompt
+    prefixes: the whole prefill, for timing), `top_k`, `min_p`, `repeat_penalty`; the
+    speculation stats come back in a `speculation` field. One model, one request decoding at
+    a time; a client that disconnects stops its generation.
 
     \b
     Example:

@@ -1,9 +1,11 @@
 """One thread owns the Llama: requests are decoded one at a time, from a bounded queue.
 
 A request is a `Job`: a function that runs in the decoding thread and returns either a dict
-(a whole response) or an iterator of chunks (a stream). What it produces is handed to the
-event loop through an asyncio queue, one item at a time, so the HTTP side never blocks on
-the model. `Job.cancel()` (the client went away) is seen by the decoding thread after the
+(a whole response) or an iterator of chunks. A stream's chunks are handed to the event loop
+through an asyncio queue, one at a time, so the HTTP side never blocks on the model; a job
+with `collect` keeps its chunks in the decoding thread and hands over `collect(chunks)`, the
+whole response, at the end (a non-streamed request: decoded as a stream so that it can be
+stopped). `Job.cancel()` (the client went away) is seen by the decoding thread after the
 next chunk: the iterator is closed there, which stops the library's generation at its next
 step and leaves the KV cache consistent for the next request.
 """
@@ -35,8 +37,10 @@ class QueueFull(Exception):
 class Job:
     """One request on its way through the decoding thread."""
 
-    def __init__(self, run: Callable[[], dict | Iterator[Any]], loop: asyncio.AbstractEventLoop):
+    def __init__(self, run: Callable[[], dict | Iterator[Any]], loop: asyncio.AbstractEventLoop,
+                 collect: Callable[[list], dict] | None = None):
         self.run = run
+        self.collect = collect  # chunks -> the whole response (a non-streamed request), or None
         self.cancelled = threading.Event()
         self._loop = loop
         self._items: asyncio.Queue = asyncio.Queue()
@@ -122,13 +126,20 @@ class Decoder:
                 job.put(RESULT, out)
                 return
             chunks = iter(out)
+            kept: list[Any] = []
             try:
                 for chunk in chunks:
-                    job.put(CHUNK, chunk)
+                    if job.collect is None:
+                        job.put(CHUNK, chunk)
+                    else:
+                        kept.append(chunk)
                     if job.cancelled.is_set():
                         self.cancelled += 1
                         log.info("client disconnected: generation stopped")
                         break
+                else:
+                    if job.collect is not None:
+                        job.put(RESULT, job.collect(kept))
             finally:
                 close = getattr(chunks, "close", None)
                 if close is not None:

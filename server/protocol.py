@@ -88,8 +88,8 @@ class ChatMessage(_Strict):
 
 
 class _Sampling(_Strict):
-    """Fields both endpoints share. The extensions (`references`, `speculate`, `top_k`,
-    `min_p`, `repeat_penalty`) are ignored by OpenAI's clients and servers alike."""
+    """Fields both endpoints share. The extensions (`references`, `speculate`, `cache_prompt`,
+    `top_k`, `min_p`, `repeat_penalty`) are ignored by OpenAI's clients and servers alike."""
 
     model: Optional[str] = None
     max_tokens: Optional[int] = None
@@ -108,6 +108,7 @@ class _Sampling(_Strict):
     # lookahead's extensions
     references: Optional[list[str]] = Field(default=None, max_length=MAX_REFERENCES)
     speculate: Optional[bool] = None
+    cache_prompt: Optional[bool] = None  # false: start from an empty KV cache (pay the whole prefill)
     top_k: Optional[int] = Field(default=None, ge=0)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: Optional[float] = Field(default=None, gt=0.0)

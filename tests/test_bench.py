@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -224,7 +225,8 @@ def test_bench_help_lists_its_options():
     out = subprocess.run([str(BIN), "bench", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for flag in ("--temperature", "--reps", "--limit", "--category", "--max-tokens", "--methods", "--json",
-                 "--plot", "--model", "--threads", "--n-ctx", "--llama-server", "--pld-tokens"):
+                 "--plot", "--model", "--threads", "--n-ctx", "--llama-server", "--pld-tokens", "--serve", "--server",
+                 "--api-key"):
         assert flag in out.stdout
     assert "bench" in subprocess.run([str(BIN), "--help"], capture_output=True, text=True, timeout=60).stdout
 
@@ -325,3 +327,160 @@ def test_quantized_copies_are_made_once_and_scored_by_perplexity(model_path, tmp
     ppl_q, n_q, desc_q = file_perplexity(copy, text, 512, n_ctx=512)
     assert n == n_q > 100 and "Q4_1" in desc and "Q4_0" in desc_q
     assert 1.0 < ppl < 100.0 and 1.0 < ppl_q < 100.0 and ppl_q != ppl
+
+
+# ---- through the server's HTTP API (--serve / --server) --------------------------------------
+def test_http_request_bodies():
+    from lookahead.cli.bench.http import HTTP_LOOKAHEAD, HTTP_PLAIN, HTTP_PREDICTION, request_body
+
+    chat = {"id": "c", "category": "edit", "max_tokens": 9,
+            "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "first"},
+                         {"role": "assistant", "content": "A"}, {"role": "user", "content": "the file"}]}
+    raw = {"id": "r", "category": "open", "max_tokens": 5, "prompt": "Once upon"}
+    for method in (HTTP_PLAIN, HTTP_LOOKAHEAD, HTTP_PREDICTION):
+        body = request_body(method, chat, 0.7, 11)
+        assert body["cache_prompt"] is False and body["messages"] == chat["messages"]
+        assert (body["max_tokens"], body["temperature"], body["seed"]) == (9, 0.7, 11)
+        assert body.get("speculate", True) is (method != HTTP_PLAIN)
+        assert ("prediction" in body) is (method == HTTP_PREDICTION)
+    assert request_body(HTTP_PREDICTION, chat, 0, 1)["prediction"] == {"type": "content", "content": "the file"}
+    body = request_body(HTTP_PREDICTION, raw, 0, 1)
+    assert body["prompt"] == "Once upon" and body["prediction"]["content"] == "Once upon" and "messages" not in body
+
+
+@pytest.mark.parametrize("url, base", [("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+                                       ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+                                       ("https://host/prefix/v1", "https://host/prefix")])
+def test_server_urls(url, base):
+    from lookahead.cli.bench.http import base_url
+
+    assert base_url(url) == base
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://host", "http://", "127.0.0.1:8000"])
+def test_bad_server_urls_are_named(url):
+    from lookahead.cli.bench.http import base_url
+
+    with pytest.raises(click.BadParameter, match=re.escape(repr(url))):
+        base_url(url)
+
+
+def _http_run(method, rep=0, seconds=1.0, text="out", workload="w1", category="edit", temperature=0.0, **kw):
+    from lookahead.cli.bench.http import HttpRun
+
+    fields = dict(completion_tokens=11, request_ms=900.0, prefill_ms=100.0, ttft_s=0.2)
+    fields.update(kw)
+    return HttpRun(workload, category, temperature, rep, method, seconds, text, **fields)
+
+
+def test_http_run_overhead_is_client_time_minus_library_time_per_token():
+    run = _http_run("http-plain", seconds=1.0, completion_tokens=10, request_ms=960.0, ttft_s=0.28)
+    assert run.overhead_ms_per_token == pytest.approx(4.0)  # (1000 - 960) / 10
+    assert run.decode_ms_per_token == pytest.approx(80.0)  # (1000 - 280) / 9
+    assert run.overhead_share == pytest.approx(0.05)
+    assert _http_run("http-plain", completion_tokens=1).decode_ms_per_token is None
+    assert _http_run("http-plain", request_ms=None).overhead_share is None
+    assert _http_run("http-plain", completion_tokens=0).overhead_ms_per_token is None
+    sampled = _http_run("http-plain", temperature=0.7, seconds=2.0, ttft_s=0.2, completion_tokens=10)
+    assert sampled.cost == pytest.approx(0.2)  # (2.0 - 0.2) / 9
+    assert _http_run("http-plain", seconds=2.0).cost == 2.0  # at temperature 0: the whole request
+
+
+def test_http_summaries_by_hand():
+    from lookahead.cli.bench.http import HTTP_LOOKAHEAD, HTTP_PLAIN, HTTP_PREDICTION, format_http_table, summarise_http
+
+    runs = []
+    for rep, (plain_s, la_s, pred_s) in enumerate([(2.0, 1.0, 0.5), (4.0, 1.0, 0.5), (3.0, 1.0, 0.5)]):
+        runs += [_http_run(HTTP_PLAIN, rep, plain_s),
+                 _http_run(HTTP_LOOKAHEAD, rep, la_s, drafted=10, accepted=5),
+                 _http_run(HTTP_PREDICTION, rep, pred_s, text="out" if rep else "other", drafted=20, accepted=15,
+                           prediction_accepted=12 + rep, prediction_rejected=3)]
+    runs += [_http_run(HTTP_PLAIN, 0, 1.0, workload="w2", category="open"),
+             _http_run(HTTP_LOOKAHEAD, 0, 1.0, workload="w2", category="open"),
+             _http_run(HTTP_PREDICTION, 0, 1.0, workload="w2", category="open", prediction_accepted=1)]
+    rows, summaries = summarise_http(runs)
+    w1 = rows[0]["methods"]
+    assert w1[HTTP_PLAIN]["speedup"] == 1.0 and w1[HTTP_LOOKAHEAD]["speedup"] == 3.0  # medians 3.0 / 1.0
+    assert w1[HTTP_PREDICTION]["speedup"] == 6.0 and rows[0]["prediction_gain"] == 2.0
+    assert w1[HTTP_LOOKAHEAD]["identical"] is True and w1[HTTP_PREDICTION]["identical"] is False
+    assert w1[HTTP_PLAIN]["identical"] is None
+    assert w1[HTTP_PREDICTION]["prediction_accepted"] == 13 and w1[HTTP_PREDICTION]["acceptance_rate"] == 0.75
+    # plain at 3.0 s with request_ms 900, 11 tokens, the first at 0.2 s: (3000 - 900) / 11 ms of
+    # overhead per token, over a decode time per token of (3000 - 200) / 10 = 280 ms
+    assert w1[HTTP_PLAIN]["overhead_ms_per_token"] == pytest.approx(2100 / 11, abs=1e-4)
+    assert w1[HTTP_PLAIN]["overhead_share"] == pytest.approx(2100 / 11 / 280, abs=1e-4)
+    assert [s["category"] for s in summaries] == ["edit", "open", "all"]
+    overall = summaries[-1]
+    assert overall["n"] == 2
+    assert overall["speedup"][HTTP_LOOKAHEAD] == pytest.approx(3.0 ** 0.5, abs=1e-4)  # geomean of 3 and 1
+    assert overall["prediction_gain"] == pytest.approx(2.0 ** 0.5, abs=1e-4)
+    assert overall["prediction_tokens"] == {"accepted": 14, "rejected": 3}  # medians 13 and 1; 3 and 0
+    assert overall["identical"][HTTP_PREDICTION] == {"identical": 1, "of": 2}
+    # the lookahead requests: 1.0 s each, (1000 - 900) / 11 ms per token, over (1000 - 200) / 10 = 80 ms
+    assert overall["overhead"][HTTP_LOOKAHEAD]["ms_per_token"] == pytest.approx(100 / 11, abs=1e-4)
+    assert overall["overhead"][HTTP_LOOKAHEAD]["share"] == pytest.approx(100 / 11 / 80, abs=1e-4)
+    table = format_http_table(summaries)
+    assert table.splitlines()[0].split()[:4] == ["category", "t", "n", "lookahead"]
+    last = table.splitlines()[-1].split()
+    assert last[:5] == ["all", "0", "2", "1.73", f"{6.0 ** 0.5:.2f}"] and f"{100 / 11 / 80:.1%}" in last
+
+
+@pytest.mark.model
+def test_bench_serve_end_to_end(tmp_path):
+    """--serve: a real `lookahead serve` started and stopped by the bench, three methods per workload."""
+    from lookahead.cli.bench.http import HTTP_METHODS, HTTP_PLAIN, HTTP_PREDICTION
+
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    path = _write(tmp_path, [
+        {"id": "copy-chat", "category": "edit", "max_tokens": 64,
+         "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]},
+        {"id": "raw-prompt", "category": "open", "max_tokens": 64, "prompt": "Once upon a time"},
+    ])
+    out = subprocess.run([str(BIN), "bench", str(path), "--serve", "--reps", "1", "--max-tokens", "12",
+                          "--n-ctx", "512", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) == {"config", "workloads", "summary", "runs"}
+    config = result["config"]
+    assert config["server"].startswith("http://127.0.0.1:") and config["n_ctx"] == 512
+    assert "--threads" in config["started_here"]["args"] and config["methods"] == list(HTTP_METHODS)
+    assert len(result["runs"]) == 2 * 3
+    for run in result["runs"]:
+        assert run["reused_prompt_tokens"] == 0  # cache_prompt: false: every request paid its prefill
+        assert 1 <= run["completion_tokens"] <= 12 and run["text"]
+        # the library's time for a request is a part of the client's
+        assert 0 < run["request_ms"] < 1000 * run["seconds"] and run["overhead_ms_per_token"] > 0
+        if run["method"] != HTTP_PREDICTION:
+            assert run["prediction_accepted"] == run["prediction_rejected"] == 0
+        assert run["prediction_accepted"] <= run["accepted"] <= run["drafted"]
+    for row in result["workloads"]:
+        texts = {r["method"]: r["text"] for r in result["runs"] if r["workload"] == row["id"]}
+        for method, cell in row["methods"].items():
+            if method != HTTP_PLAIN:
+                assert cell["identical"] is (texts[method] == texts[HTTP_PLAIN])
+    assert [s["category"] for s in result["summary"]] == ["edit", "open", "all"]
+    assert "[2/2] raw-prompt t=0 http-prediction" in out.stderr and "server overhead" in out.stderr
+    # the server it started is gone
+    port = int(config["server"].rsplit(":", 1)[1])
+    import socket
+
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_bench_server_errors_name_the_url(tmp_path):
+    import socket
+
+    path = _write(tmp_path, [_chat("e1", "edit")])
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    out = subprocess.run([str(BIN), "bench", str(path), "--server", url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"cannot reach a lookahead server at {url}" in out.stderr
+    out = subprocess.run([str(BIN), "bench", str(path), "--server", "localhost:8000"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "'localhost:8000' is not an http:// or https:// URL" in out.stderr
+    out = subprocess.run([str(BIN), "bench", str(path), "--server", url, "--methods", "plain"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--methods does not apply to --server" in out.stderr

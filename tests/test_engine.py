@@ -226,3 +226,33 @@ def test_a_stream_closed_early_still_reports_its_stats():
     next(chat)
     chat.close()
     assert 1 <= chat.speculation["generated_tokens"] < 50
+
+
+def test_request_ms_counts_the_library_time_but_not_a_stream_consumers(monkeypatch):
+    """A fake clock: every reading inside the library advances it 1 ms; the consumer holds each
+    chunk for 1000 s. `request_ms` holds the engine's time and more, and none of the consumer's."""
+    import time
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    target = FakeTarget()
+    fast = Lookahead(target, calibrate=False, cost=flat_cost_model(target.max_batch))
+    messages = [{"role": "user", "content": "hi"}]
+    for call in (lambda **kw: fast.create_completion(PROMPT, **kw),
+                 lambda **kw: fast.create_chat_completion(messages, **kw)):
+        whole = call(max_tokens=20, temperature=0)["speculation"]
+        assert whole["total_ms"] < whole["request_ms"] < 1000 * 1000
+        chunks = []
+        for chunk in call(max_tokens=20, temperature=0, stream=True):
+            chunks.append(chunk)
+            now[0] += 1000.0  # the consumer writing the chunk out
+        assert len(chunks) > 3
+        streamed = chunks[-1]["speculation"]
+        assert 0 < streamed["request_ms"] < 1000 * 1000, streamed
+        # the engine's wall time runs on while its generator waits for the consumer
+        assert streamed["total_ms"] > 1000 * 1000

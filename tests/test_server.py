@@ -418,6 +418,72 @@ def test_chat_stream_closed_early_then_next_answer_is_right(server, client, loca
     assert out.choices[0].text == want["choices"][0]["text"]
 
 
+def test_non_streamed_answers_have_the_librarys_shape(server, local):
+    """Non-streamed requests are decoded as streams (to be stoppable) and assembled: the same
+    fields and text as the library's own whole response, echo included."""
+    chat = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 10, "temperature": 0}).json()
+    want = local.create_chat_completion(HELLO, max_tokens=10, temperature=0)
+    assert set(chat) == set(want) and set(chat["choices"][0]) == set(want["choices"][0])
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"] == want["choices"][0]["message"]
+    prompt = "One, two, three,"
+    for sent in (prompt, local.llm.tokenize(prompt.encode(), add_bos=False)):
+        out = post(server, "/v1/completions", {"prompt": sent, "max_tokens": 6, "temperature": 0, "echo": True}).json()
+        want = local.create_completion(sent, max_tokens=6, temperature=0, echo=True)
+        assert set(out) == set(want) and out["object"] == "text_completion"
+        assert out["choices"][0]["text"] == want["choices"][0]["text"]
+        assert out["choices"][0]["text"].startswith(prompt)
+
+
+def test_cache_prompt_false_pays_the_whole_prefill(client):
+    doc = (SAMPLES / "code" / "textutils.py").read_text()
+    messages = [{"role": "user", "content": f"Summarise this file in one line.\n\n{doc}"}]
+    ask = lambda **extra: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                         extra_body=extra)
+    ask()
+    again = ask()
+    assert again.usage.prompt_tokens_details.cached_tokens > 100  # the default: the prefix is reused
+    fresh = ask(cache_prompt=False)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.model_extra["speculation"]["reused_prompt_tokens"] == 0
+    assert fresh.usage.prompt_tokens == again.usage.prompt_tokens
+    streamed = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body={"cache_prompt": False}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_non_streamed_request_whose_client_leaves_is_stopped(server, client, local):
+    """The client closes its connection while a long non-streamed completion decodes: the
+    generation is stopped (the `cancelled` counter), and the next answer is right."""
+    deadline = time.monotonic() + 120
+    while (h := health(server))["decoding"] or h["waiting"]:  # idle, so the request decodes at once
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    before = h
+    body = json.dumps({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": N_CTX - 64,
+                       "temperature": 0}).encode()
+    host, port = server.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        while not health(server)["decoding"]:
+            assert time.monotonic() < deadline, "the request never started decoding"
+            time.sleep(0.02)
+    finally:
+        sock.close()
+    while health(server)["cancelled"] == before["cancelled"]:
+        assert time.monotonic() < deadline, "the abandoned non-streamed request was never stopped"
+        time.sleep(0.1)
+    after = health(server)
+    assert after["served"] == before["served"] + 1 and after["status"] == "ok"
+    prompt = "The days of the week are Monday, Tuesday,"
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    want = local.create_completion(prompt, max_tokens=12, temperature=0)
+    assert out.choices[0].text == want["choices"][0]["text"]
+
+
 def test_timed_request_for_benches(server, client):
     from lookahead.server.client import timed_request
 

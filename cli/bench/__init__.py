@@ -19,6 +19,9 @@ Methods:
                  speculation (see `LlamaServer`). Run here with a llama-server built from the
                  llama.cpp vendored in llama-cpp-python 0.3.36's sdist (no CI test: no binary).
 
+With --serve / --server the methods are instead http-plain, http-lookahead and
+http-prediction, through `lookahead serve`'s HTTP API (see `http`).
+
 All local calls stream: the time between consecutive non-empty chunks gives the
 inter-token latencies for the plot (speculation makes that histogram bimodal).
 

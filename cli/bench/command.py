@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from ..options import EXIT_INTERRUPTED, llama_settings, model_options, resolve_model
 from .methods import DEFAULT_METHODS, LOCAL_METHODS, SERVER_SPEC_TYPES, method_order
@@ -42,8 +43,18 @@ from .workloads import load_workloads
               help="Also run everything on this quantization of the model (repeatable), made once with "
                    "llama.cpp's quantizer and kept in lookahead's cache; prints each format's verify-cost "
                    "curve, perplexity on the sample texts and speedups side by side.")
-def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, methods, pld_tokens, llama_server,
-          as_json, plot_path, model_path, n_ctx, threads, gpu_layers, quants):
+@click.option("--serve", "serve", is_flag=True,
+              help="Instead of the local methods: start `lookahead serve` on a free 127.0.0.1 port with "
+                   "--model/--n-ctx/--threads/--gpu-layers, run the workloads through its HTTP API "
+                   "(plain, speculation, speculation with `prediction`), report speedups and the server "
+                   "layer's overhead per token, and stop it.")
+@click.option("--server", "server_url", metavar="URL", default=None,
+              help="As --serve, against a `lookahead serve` already running at URL (e.g. http://127.0.0.1:8000).")
+@click.option("--api-key", envvar="LOOKAHEAD_API_KEY", default=None,
+              help="With --server: the server's key (also from $LOOKAHEAD_API_KEY).")
+@click.pass_context
+def bench(ctx, workloads_file, temperatures, reps, limit, categories, max_tokens, methods, pld_tokens, llama_server,
+          as_json, plot_path, model_path, n_ctx, threads, gpu_layers, quants, serve, server_url, api_key):
     """Time lookahead against plain decoding and prompt lookup on the workloads in WORKLOADS.jsonl.
 
     Each line: {"id", "category", "messages": [...] or "prompt": "...", "max_tokens"}.
@@ -58,25 +69,40 @@ def bench(workloads_file, temperatures, reps, limit, categories, max_tokens, met
     median / method median; alpha, k and "predicted" come from the i.i.d. acceptance model
     and the measured verify-cost curve), or everything with --json. Progress goes to stderr.
 
+    With --serve or --server, the same workloads go through `lookahead serve`'s HTTP API
+    instead, streamed, each request with `cache_prompt: false` (its whole prefill): plain
+    (`speculate: false`), speculation, and speculation with `prediction` (a chat's last user
+    message, a raw prompt itself). The table gives the speedups over plain, the prediction
+    tokens accepted and rejected, and the server's overhead: the client's time minus the
+    library's own time for the request (`speculation.request_ms`), per output token, as a
+    share of the decode time per token.
+
     \b
     Examples:
       lookahead bench samples/workloads.jsonl --plot bench-t0.png
       lookahead bench samples/workloads.jsonl -t 0 -t 0.7 --json > bench.json
       lookahead bench samples/workloads.jsonl --limit 1 --reps 1 --max-tokens 32
+      lookahead bench samples/workloads.jsonl --serve --reps 3
+      lookahead bench samples/workloads.jsonl --server http://127.0.0.1:8000 --category edit
       lookahead bench samples/rewrites.jsonl --reps 1
     """
     if is_rewrite_file(workloads_file):
         _bench_rewrites(workloads_file, temperatures, reps, limit, categories, max_tokens, as_json, model_path,
                         n_ctx, threads, gpu_layers, unsupported={"--llama-server": llama_server, "--plot": plot_path,
-                                                                 "--quant": quants})
+                                                                 "--quant": quants, "--serve": serve,
+                                                                 "--server": server_url})
         return
     if plot_path is not None:
         require_matplotlib()
     temperatures = list(dict.fromkeys(temperatures))
     methods = sorted(dict.fromkeys(methods), key=method_order)
     workloads = load_workloads(workloads_file, categories, limit, max_tokens)
-    path = resolve_model(model_path)
     log = lambda message: click.echo(message, err=True)
+    if serve or server_url is not None:
+        _bench_server(ctx, serve, server_url, api_key, workloads, temperatures, reps, as_json, model_path, n_ctx,
+                      threads, gpu_layers, log)
+        return
+    path = resolve_model(model_path)
     if llama_server is None:
         log("llama-server modes skipped (give --llama-server PATH to time llama.cpp's own n-gram speculation)")
     llama = llama_settings(n_ctx, threads, gpu_layers)
@@ -155,3 +181,51 @@ def _bench_rewrites(path, temperatures, reps, limit, categories, max_tokens, as_
                    "the first text; quality columns: lookahead's first output)")
         click.echo(format_rewrites(result))
         click.echo("")
+
+\1(ctx, serve, server_url, api_key, workloads, temperatures, reps, as_json, model_path, n_ctx, threads,
+                  gpu_layers, log) -> None:
+    """--serve / --server: the workloads through the HTTP API (see cli/bench/http.py)."""
+    from .http import ServeProcess, base_url, bench_http, print_http
+
+    given = lambda name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    mode = "--serve" if serve else "--server"
+    if serve and server_url is not None:
+        raise click.UsageError("give --serve (start a server here) or --server URL (use a running one), not both")
+    local_only = ["methods", "pld_tokens", "llama_server", "plot_path", "quants"]
+    if not serve:
+        local_only += ["model_path", "n_ctx", "threads", "gpu_layers"]  # the server has its own
+    for name in local_only:
+        if given(name):
+            option = next(p for p in ctx.command.params if p.name == name).opts[0]
+            raise click.UsageError(f"{option} does not apply to {mode}"
+                                   + (" (the server at URL has its own model and settings; --serve starts one "
+                                      "with them)" if name in ("model_path", "n_ctx", "threads", "gpu_layers")
+                                      else ""))
+    if serve and given("api_key"):
+        raise click.UsageError("--api-key applies to --server: the server --serve starts takes no key")
+    process = None
+    try:
+        if serve:
+            path = resolve_model(model_path)
+            process = ServeProcess(path, n_ctx, threads, gpu_layers)
+            log(f"starting {' '.join(process.args)}")
+            process.wait_ready()
+            url, started = process.url, {"args": process.args}
+        else:
+            url, started = base_url(server_url), None
+        result = bench_http(url, api_key if not serve else None, workloads, temperatures, reps, log, started)
+    except click.ClickException as e:
+        if process is not None and process.process.poll() is not None:  # the server died: say why
+            e.message += f"\n`{' '.join(process.args)}` exited with {process.process.returncode}:\n{process.log_tail()}"
+        raise
+    except KeyboardInterrupt:
+        log("\ninterrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if process is not None:
+            process.close()
+    if as_json:
+        click.echo(json.dumps({"config": result.config, "workloads": result.rows, "summary": result.summaries,
+                               "runs": [run.to_dict() for run in result.runs]}, ensure_ascii=False))
+        return
+    print_http(result, len(workloads))
