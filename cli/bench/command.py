@@ -182,7 +182,8 @@ def _bench_rewrites(path, temperatures, reps, limit, categories, max_tokens, as_
         click.echo(format_rewrites(result))
         click.echo("")
 
-\1(ctx, serve, server_url, api_key, workloads, temperatures, reps, as_json, model_path, n_ctx, threads,
+
+def _bench_server(ctx, serve, server_url, api_key, workloads, temperatures, reps, as_json, model_path, n_ctx, threads,
                   gpu_layers, log) -> None:
     """--serve / --server: the workloads through the HTTP API (see cli/bench/http.py)."""
     from .http import ServeProcess, base_url, bench_http, print_http
