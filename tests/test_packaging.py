@@ -1,0 +1,24 @@
+"""The package list in pyproject.toml covers every Python package in the repo.
+
+setuptools installs only the packages listed; an editable install finds the rest anyway, so a
+missing entry shows only in a wheel (`pip install .`): `lookahead bench` would be missing.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_folder_is_listed():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    dirs = config["package-dir"]
+    assert listed == set(dirs), "every listed package needs its folder in package-dir"
+    folders = {ROOT / folder: name for name, folder in dirs.items()}
+    for folder, name in folders.items():
+        for init in folder.rglob("__init__.py"):
+            sub = init.parent.relative_to(folder)
+            dotted = ".".join([name, *sub.parts]) if sub.parts else name
+            assert dotted in listed, f"{init.parent} is the package {dotted}, missing from pyproject.toml"
