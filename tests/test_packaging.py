@@ -5,8 +5,14 @@ missing entry shows only in a wheel (`pip install .`): `lookahead bench` would b
 """
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parent.parent
 
