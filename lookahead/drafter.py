@@ -260,6 +260,10 @@ class Draft:
     parents: tuple[int, ...] | None = None
     kind: int = -1  # CONTEXT_KIND or REFERENCE_KIND; -1: from from_reference
     source: int = CONTEXT  # index source of the preferred occurrence (stats per reference)
+    # The index sources that hold the drafted tokens (`SuffixIndex.sources_containing`): a
+    # prediction repeated in the prompt backs a copy as much as the prompt does. For the
+    # stats only; empty: `source` alone.
+    sources: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind < 0:
@@ -361,7 +365,7 @@ class Drafter:
         if k == 0:
             return EMPTY_DRAFT
         return Draft(cand.tokens[:k], cand.match_length, cand.kind == REFERENCE_KIND, expected, kind=cand.kind,
-                     source=cand.source)
+                     source=cand.source, sources=index.sources_containing(cand.tokens[:k]))
 
     def candidate(self, index: SuffixIndex, limit: int) -> Candidate | None:
         """What `propose` would weigh, untruncated (the simulator's oracle drafts from it).

@@ -151,7 +151,7 @@ def generate_tokens(
                 if cost is not None and len(pending) == 1:
                     cost.observe(len(draft) + 1, 1000 * (t2 - t1))
             stats.record_step(len(draft), verdict.accepted, len(verdict.tokens),
-                              source=getattr(draft, "source", CONTEXT))
+                              source=getattr(draft, "source", CONTEXT), sources=getattr(draft, "sources", ()))
             stats.propose_ms += 1000 * (t1 - t0)
             stats.verify_ms += 1000 * (t2 - t1)
             stats.sample_ms += 1000 * (t3 - t2)

@@ -207,6 +207,26 @@ class SuffixIndex:
                 return Match(best_len, tuple(best))
         return None
 
+    def sources_containing(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        """The sources that hold `tokens` as a run (a run cut by a source's end counts as far
+        as it goes): the texts a draft of `tokens` can be said to come from. For the stats; looks at up to `max_candidates` occurrences per source
+        of the run's first n-gram."""
+        if not len(tokens):
+            return ()
+        want = np.asarray(tokens)
+        n = max(m for m in self.ngram_sizes if m <= len(want)) if min(self.ngram_sizes) <= len(want) else 0
+        if n == 0:
+            return ()
+        key = _key(want[:n].tolist())
+        found = []
+        for sid, src in enumerate(self._sources):
+            for end in (src.tables[n].get(key) or [])[-self.max_candidates :]:
+                got = src.tokens[end - n : min(src.size, end - n + len(want))]
+                if np.array_equal(got, want[: len(got)]):
+                    found.append(sid)
+                    break
+        return tuple(found)
+
     def continuation(self, position: tuple[int, int], max_tokens: int, cyclic: bool = False) -> np.ndarray:
         """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end).
 

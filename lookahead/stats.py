@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Iterable
 
 
 @dataclass
@@ -17,7 +18,8 @@ class SpeculationStats:
     accepted: int = 0  # draft tokens the verifier accepted
     accept_histogram: dict[int, int] = field(default_factory=dict)  # accepted per drafted step -> steps
     # Per index source (0: the running context, 1..: references in registration order):
-    # [drafted, accepted] of the drafts whose match came from it.
+    # [drafted, accepted] of the drafts it backed (it holds the drafted tokens; a draft backed
+    # by several sources counts for each).
     by_source: dict[int, list[int]] = field(default_factory=dict)
     # The request's `prediction` reference (OpenAI's Predicted Outputs): its drafted / accepted.
     prediction_drafted: int = 0
@@ -36,7 +38,8 @@ class SpeculationStats:
     request_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
 
-    def record_step(self, drafted: int, accepted: int, emitted: int, source: int = 0) -> None:
+    def record_step(self, drafted: int, accepted: int, emitted: int, source: int = 0,
+                    sources: Iterable[int] = ()) -> None:
         self.target_passes += 1
         self.generated_tokens += emitted
         if drafted:
@@ -44,9 +47,10 @@ class SpeculationStats:
             self.drafted += drafted
             self.accepted += accepted
             self.accept_histogram[accepted] = self.accept_histogram.get(accepted, 0) + 1
-            counts = self.by_source.setdefault(int(source), [0, 0])
-            counts[0] += drafted
-            counts[1] += accepted
+            for sid in dict.fromkeys(map(int, sources)) if sources else (int(source),):
+                counts = self.by_source.setdefault(sid, [0, 0])
+                counts[0] += drafted
+                counts[1] += accepted
 
     @property
     def acceptance_rate(self) -> float:

@@ -213,6 +213,21 @@ def test_prediction_drafts_are_counted_apart():
     assert "".join(f"<{t}>" for t in expected) == out["choices"][0]["text"]
 
 
+def test_a_prediction_also_in_the_prompt_is_still_credited():
+    # The editor case: the file is in the prompt and is the prediction. Both back every draft
+    # copied from it; the prediction must be credited, not only the prompt.
+    target = FakeTarget()
+    fast = Lookahead(target, calibrate=False, cost=flat_cost_model(target.max_batch))
+    expected = plain_greedy(target, [4], 40)  # the logits depend on the last token only
+    prompt = [2, 4, *expected, 7, 4]  # the output, copied in the prompt
+    out = fast.create_completion(prompt, max_tokens=40, temperature=0, prediction=expected)
+    assert "".join(f"<{t}>" for t in expected) == out["choices"][0]["text"]
+    spec = out["speculation"]
+    assert spec["drafted"] > 0 and spec["by_source"]["0"][0] > 0  # the prompt backed drafts...
+    assert spec["prediction_drafted"] == spec["drafted"]  # ...and the prediction backed every one
+    assert spec["prediction_accepted"] == spec["accepted"]
+
+
 def test_a_stream_closed_early_still_reports_its_stats():
     target = FakeTarget()
     fast = Lookahead(target, calibrate=False, cost=flat_cost_model(target.max_batch))

@@ -288,3 +288,16 @@ def test_incremental_matches_brute_force(ngram_sizes, max_match, seed):
             exact.reset()
             default.reset()
             ctx = []
+
+
+def test_sources_containing_a_run():
+    idx = SuffixIndex()
+    idx.extend([9, 1, 2, 3, 4, 5])
+    file = idx.add_reference([7, 1, 2, 3, 4, 5, 6])
+    other = idx.add_reference([1, 2, 8])
+    assert idx.sources_containing([1, 2, 3, 4, 5]) == (0, file)
+    assert idx.sources_containing([4, 5, 6]) == (0, file)  # the context's run ends with it: as far as it goes
+    assert idx.sources_containing([1, 2]) == (0, file, other)
+    assert idx.sources_containing([2, 8, 9]) == (other,)  # cut by the reference's end
+    assert idx.sources_containing([3, 9]) == ()
+    assert idx.sources_containing([]) == ()
