@@ -318,6 +318,37 @@ def test_decode_threads_are_measured_restored_and_do_not_change_output(one_threa
     assert llama_threads(llm) == (1, 2)
 
 
+def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, monkeypatch):
+    """Threads that do not get their cores (CPU time / wall time well under the thread count,
+    one-token decodes much slower than the fastest) make the adapter use the Llama's n_threads for the rest of the request and for the next
+    requests a while; the text does not change and the Llama gets its settings back."""
+    import time as real_time
+    from types import SimpleNamespace
+
+    import lookahead.adapters.llama_cpp as adapter
+
+    llm = one_thread_llm
+    adapter._CONTENDED_UNTIL.pop(llm, None)
+    reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
+    # every decode seems to get one core's worth of CPU time, whatever its threads, and to be
+    # far slower than the fastest one-token decode seen
+    monkeypatch.setitem(adapter._FASTEST_DECODE, llm, 1e-6)
+    monkeypatch.setattr(adapter, "time", SimpleNamespace(perf_counter=real_time.perf_counter,
+                                                         process_time=real_time.perf_counter,
+                                                         monotonic=real_time.monotonic))
+    fast = lookahead.wrap(llm, threads=2)
+    out = fast.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
+    assert out["speculation"]["contended"] and fast.target.contended
+    assert fast.target.decode_threads == 1  # the Llama's own n_threads, for the rest of the request
+    assert out["choices"][0]["text"] == reference
+    assert llama_threads(llm) == (1, 2)  # restored
+    monkeypatch.undo()
+    again = fast.create_completion(RAG_PROMPT, max_tokens=8, temperature=0, speculate=False)
+    assert again["speculation"]["contended"]  # held for CONTENTION_HOLD_S
+    assert again["speculation"]["decode_threads"] == 1
+    adapter._CONTENDED_UNTIL.pop(llm, None)
+
+
 @pytest.mark.parametrize("threads", [0, -1, "fast", 1.5, True])
 def test_bad_thread_setting_is_a_clear_error(fresh, threads):
     with pytest.raises(ValueError, match="threads must be"):
@@ -382,7 +413,9 @@ def test_tree_drafts_are_exact_and_match_plain(eager_tree, fresh, name):
 def test_tree_keeps_the_cache_consistent_across_requests(eager_tree):
     """The KV entries a tree request kept are right: continuing from them (prompt + its output,
     prefix reused) decodes exactly what a cleared cache decodes."""
-    first = eager_tree.create_completion(FORK_PROMPT, max_tokens=60, temperature=0)
+    # (80 tokens: at 60 the one tree pass came from a last draft that ran past max_tokens,
+    # which the engine no longer drafts)
+    first = eager_tree.create_completion(FORK_PROMPT, max_tokens=80, temperature=0)
     assert first["speculation"]["tree_passes"] > 0
     follow_up = FORK_PROMPT + first["choices"][0]["text"]
     warm, warm_rec, n_warm = run(eager_tree, follow_up, speculate=False, max_tokens=30)
