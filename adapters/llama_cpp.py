@@ -20,6 +20,7 @@ import ctypes
 import os
 import time
 import weakref
+from collections import deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -47,6 +48,15 @@ _TUNED_THREADS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionar
 # The verify-cost curve belongs to the model and machine, not to one wrapper: every wrapper
 # of the same Llama shares it, so it is measured once.
 _COST_MODELS: "weakref.WeakKeyDictionary[Any, CostModel]" = weakref.WeakKeyDictionary()
+# Contention (see LlamaCppTarget._watch_contention): decodes whose threads got under this share
+# of their cores, over this many decodes, mean another process wants them; the Llama's own
+# thread count is then kept this long (monotonic deadline per Llama).
+CONTENTION_SHARE = 0.85
+CONTENTION_WINDOW = 12
+CONTENTION_HOLD_S = 30.0
+CONTENTION_SLOWDOWN = 1.4
+_FASTEST_DECODE: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()  # one token, seconds
+_CONTENDED_UNTIL: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 
 
 MEASUREMENTS = "measurements"  # cache kind: verify-cost timings and decode threads per model and machine
@@ -297,6 +307,11 @@ class LlamaCppTarget:
         self._llama_threads: tuple[int, int] | None = None  # the Llama's (n_threads, n_threads_batch)
         self._measurement_key: str | None = None
         self._saved_observations = 0  # the cost curve's observation count when last saved
+        self.contended = False  # see _watch_contention
+        # (with layers on a GPU the CPU threads mostly wait for it: their CPU time says nothing)
+        self._watch = int(getattr(llm.model_params, "n_gpu_layers", 0) or 0) == 0
+        self._shares: deque[float] = deque(maxlen=CONTENTION_WINDOW)  # CPU / wall / threads per decode
+        self._walls: deque[float] = deque(maxlen=CONTENTION_WINDOW)  # seconds of one-token decodes
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -386,7 +401,13 @@ class LlamaCppTarget:
         prompt = list(prompt)
         # The Llama's own settings (what its constructor set), restored by `end`.
         self._llama_threads = (int(llm.n_threads), int(llm.n_threads_batch))
-        self._set_decode_threads(self._chosen_threads())
+        self._shares.clear()
+        self._walls.clear()
+        self.contended = time.monotonic() < _CONTENDED_UNTIL.get(llm, 0.0)
+        if self.contended:  # contention was seen a moment ago: start where it left off
+            self._lib.llama_set_n_threads(self._ctx, self._llama_threads[0], self._llama_threads[0])
+        else:
+            self._set_decode_threads(self._chosen_threads())
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
         keep = _common_prefix(cached, prompt[:-1])  # always decode the last prompt token again
         self._drop_branches()  # of an interrupted tree draft
@@ -547,9 +568,18 @@ class LlamaCppTarget:
             batch.logits[i] = i >= first_logit
 
     def _decode(self) -> None:
+        threads = 0
+        if self._watch and not self.contended and self._llama_threads is not None:
+            single = self._batch.n_tokens == 1
+            threads = int(self._lib.llama_n_threads(self._ctx) if single else self._lib.llama_n_threads_batch(self._ctx))
+        if threads > 1:
+            c0, t0 = time.process_time(), time.perf_counter()
         rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
+        if threads > 1:
+            self._watch_contention(time.perf_counter() - t0, time.process_time() - c0, threads,
+                                   int(self._batch.n_tokens))
 
     # ---- threads -------------------------------------------------------------------
     @property
@@ -564,6 +594,39 @@ class LlamaCppTarget:
             return _TUNED_THREADS.get(self.llm)
         return int(self.threads)
 
+    def _watch_contention(self, wall_s: float, cpu_s: float, threads: int, n_tokens: int) -> None:
+        """After a decode with `threads` > 1: did its threads get the cores?
+
+        llama.cpp's threads wait for each other at every layer, so when another process takes
+        a core a decode with as many threads as cores stalls. Measured on 2 cores with one
+        busy process beside it: one-token decodes with 2 threads 7.3 -> 12-16 ms (up to 375),
+        with 1 thread unchanged at 7.9; 8-token decodes 27 -> 57 ms with 2, 41 with 1. Two
+        signs together, over the last CONTENTION_WINDOW decodes: the process's CPU time over
+        wall time per thread (1.0 quiet, 0.5-0.7 with the busy process; quiet one-token
+        decodes alternate between 0.8 and 1.15, so it is not enough alone) under
+        CONTENTION_SHARE, and one-token decodes CONTENTION_SLOWDOWN times slower than the
+        fastest seen (or the cost curve's t(1)). Then every decode of the rest of the request,
+        and of the requests in the next CONTENTION_HOLD_S seconds, uses the Llama's own
+        `n_threads` (llama-cpp-python's default: half the cores), and `contended` is True.
+        """
+        self._shares.append(cpu_s / wall_s / threads if wall_s > 0 else 1.0)
+        if n_tokens == 1:
+            self._walls.append(wall_s)
+            best = min(_FASTEST_DECODE.get(self.llm, wall_s), wall_s)
+            _FASTEST_DECODE[self.llm] = best
+        if len(self._shares) < CONTENTION_WINDOW or len(self._walls) < CONTENTION_WINDOW // 2:
+            return
+        baseline = _FASTEST_DECODE[self.llm]
+        cost = _COST_MODELS.get(self.llm)
+        if cost is not None and cost.calibrated:
+            baseline = min(baseline, cost.cost_ms(1) / 1000)
+        if (float(np.median(self._shares)) < CONTENTION_SHARE
+                and float(np.median(self._walls)) > CONTENTION_SLOWDOWN * baseline):
+            self.contended = True
+            _CONTENDED_UNTIL[self.llm] = time.monotonic() + CONTENTION_HOLD_S
+            own = self._llama_threads[0] if self._llama_threads is not None else int(self.llm.n_threads)
+            self._lib.llama_set_n_threads(self._ctx, own, own)
+
     def _set_decode_threads(self, n: int | None) -> None:
         if n is not None and self._llama_threads is not None and n != self.decode_threads:
             self._lib.llama_set_n_threads(self._ctx, n, self._llama_threads[1])
@@ -576,8 +639,8 @@ class LlamaCppTarget:
         `n_threads_batch`, timed alternately `reps` times each on a dummy token that is rolled
         back. The Llama's own count is kept unless another is at least 3% faster.
         """
-        if self.threads != "auto" or self.llm in _TUNED_THREADS or self._llama_threads is None:
-            return {}
+        if self.threads != "auto" or self.llm in _TUNED_THREADS or self._llama_threads is None or self.contended:
+            return {}  # (contended: timings now would say nothing about this machine; a later request)
         own, batch = self._llama_threads
         candidates = sorted({own, batch})
         if len(candidates) == 1 or self.n_past + 1 > self.n_ctx:
@@ -592,6 +655,9 @@ class LlamaCppTarget:
                 self.decode([97 % self.n_vocab], 1)
                 times[n].append(1000 * (time.perf_counter() - t0))
                 self.rollback(base)
+        if self.contended:  # it began during the timings: they are not this machine's; keep the relief
+            self._lib.llama_set_n_threads(self._ctx, own, own)
+            return {}
         medians = {n: float(np.median(v)) for n, v in times.items()}
         best = min(medians, key=medians.get)
         chosen = best if medians[best] < 0.97 * medians[own] else own

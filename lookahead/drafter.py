@@ -213,6 +213,11 @@ class CostModel:
         return float(self.curve()[min(max(n_tokens, 1), self.max_batch)])
 
 
+# How much dearer a batch is, against one token, with the Llama's own threads (half the cores)
+# than with all of them: on 2 cores t(8) / t(1) is 41 / 8.0 ms with 1 thread, 27 / 7.3 with 2.
+CONTENDED_BATCH_FACTOR = 1.4
+
+
 @dataclass
 class AcceptanceModel:
     """Per-token acceptance estimates by (candidate kind, match-length bucket): Beta posteriors."""
@@ -339,6 +344,17 @@ class Drafter:
         """Start a new request: forget acceptance history (the cost curve is kept)."""
         self.acceptance = AcceptanceModel(sampled=self.sampled)
         self._pending: _Pending | None = None
+        # Set by the engine when the backend runs decodes with fewer threads than the curve was
+        # measured with (another process took the cores): batches then cost more per token.
+        self.contended = False
+
+    def _curve(self) -> np.ndarray:
+        """The cost curve drafts are sized by: the measured one, batches dearer when contended."""
+        curve = self.cost.curve()
+        if self.contended:
+            curve = curve.copy()
+            curve[2:] *= CONTENDED_BATCH_FACTOR
+        return curve
 
     # ---- proposing -------------------------------------------------------------------
     def propose(self, index: SuffixIndex, limit: int, tree: bool = True) -> Draft:
@@ -360,7 +376,7 @@ class Drafter:
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
         rates = self.acceptance.rates(cand.kind, cand.match_length + np.arange(len(cand.tokens)))
-        k, expected = best_length(rates * cand.agreement, self.cost.curve(), self.min_gain)
+        k, expected = best_length(rates * cand.agreement, self._curve(), self.min_gain)
         self._pending.drafted = k
         if k == 0:
             return EMPTY_DRAFT
@@ -407,7 +423,7 @@ class Drafter:
             return EMPTY_DRAFT
         kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
         rates = self.acceptance.rates(kind, match.length + np.arange(limit))  # by depth - 1
-        curve = self.cost.curve()
+        curve = self._curve()
         limit = min(limit, len(curve) - 2)
         # Frontier: (-reach, push order, depth, parent's place in the draft, branch). Siblings
         # are pushed in the trie's order (count, then preference), so equal reaches go to it.

@@ -593,6 +593,7 @@ def merge_speculation(stats: Sequence[dict]) -> dict:
             total.accept_histogram[int(k)] = total.accept_histogram.get(int(k), 0) + int(v)
         total.decode_threads = s.get("decode_threads", total.decode_threads)
         total.fallback = total.fallback or s.get("fallback")
+        total.contended = total.contended or bool(s.get("contended"))
     return total.to_dict()
 
 

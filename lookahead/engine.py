@@ -52,7 +52,9 @@ class Target(Protocol):
 
     # Optional: `tune()`, called once after the first step of every request (the backend's
     # own one-off measurements, e.g. llama.cpp's thread count; returns what it measured, empty
-    # when nothing was), and `decode_threads`.
+    # when nothing was), `decode_threads`, and `contended` (True while the backend runs its
+    # decodes differently because another process holds the cores: the cost curve does not
+    # learn from those timings).
 
 
 def generate_tokens(
@@ -146,9 +148,13 @@ def generate_tokens(
             if draft.parents is None and verdict.accepted < len(draft):
                 target.rollback(len(kv_tokens))
             cost = getattr(drafter, "cost", None)
+            if getattr(target, "contended", False) and not stats.contended:
+                stats.contended = True  # timings under another setting: the curve learns nothing
+                if drafter is not None:
+                    drafter.contended = True
             if drafter is not None:
                 drafter.record(draft, verdict.accepted, verdict.path)
-                if cost is not None and len(pending) == 1:
+                if cost is not None and len(pending) == 1 and not stats.contended:
                     cost.observe(len(draft) + 1, 1000 * (t2 - t1))
             stats.record_step(len(draft), verdict.accepted, len(verdict.tokens),
                               source=getattr(draft, "source", CONTEXT), sources=getattr(draft, "sources", ()))
@@ -165,7 +171,7 @@ def generate_tokens(
                     if tune():  # it measured something (else the setting was known already)
                         stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
                 stats.decode_threads = getattr(target, "decode_threads", None)
-            if cost is not None and cost.needs_calibration:
+            if cost is not None and cost.needs_calibration and not getattr(target, "contended", False):
                 # Time decodes of each size once, here: after the prompt, where the attention
                 # cost is that of real requests (a decode of n tokens at position 0 is much
                 # cheaper than at position 600). Then the KV cache is cut back.

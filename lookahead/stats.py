@@ -31,6 +31,9 @@ class SpeculationStats:
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
     calibration_ms: float = 0.0  # one-off timings: decode threads, verify-cost curve (first request)
     decode_threads: int | None = None  # threads of one-token decodes (llama.cpp), measured once
+    # Decodes ran far slower than the cost curve (another process on the cores): the backend
+    # was asked to relieve it (llama.cpp: fewer threads) for the rest of the request.
+    contended: bool = False
     total_ms: float = 0.0  # the engine's time: from the prefill to the last token
     # The library's whole time for the request: total_ms plus the chat template, tokenizing and
     # building the text and chunks; a stream counts only the time spent making its chunks, not
@@ -91,4 +94,6 @@ class SpeculationStats:
             f"{self.accepted} ({100 * self.acceptance_rate:.0f}%), {self.tokens_per_second:.1f} tok/s; "
             f"prefill {self.prefill_ms:.0f} ms, verify {self.verify_ms:.0f} ms, "
             f"propose {self.propose_ms:.1f} ms, sample {self.sample_ms:.1f} ms"
+            + ("; decodes ran slow (another process on the cores): fewer threads for the rest" if self.contended
+               else "")
         )

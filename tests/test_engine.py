@@ -271,3 +271,31 @@ def test_request_ms_counts_the_library_time_but_not_a_stream_consumers(monkeypat
         assert 0 < streamed["request_ms"] < 1000 * 1000, streamed
         # the engine's wall time runs on while its generator waits for the consumer
         assert streamed["total_ms"] > 1000 * 1000
+
+
+class ContendedTarget(FakeTarget):
+    """Reports contention from its `at`-th decode on, as the llama.cpp adapter does."""
+
+    def __init__(self, at: int, **kw):
+        super().__init__(**kw)
+        self.at = at
+        self.n_decodes = 0
+
+    @property
+    def contended(self):
+        return self.n_decodes >= self.at
+
+    def decode(self, tokens, n_logits):
+        self.n_decodes += 1
+        return super().decode(tokens, n_logits)
+
+
+def test_timings_taken_under_contention_do_not_teach_the_cost_curve():
+    target = ContendedTarget(at=5)
+    cost = flat_cost_model(target.max_batch)
+    cost.learning = True  # (flat_cost_model pins it)
+    before = cost.observations
+    gen, stats = run(target, n=20, drafter=Drafter(cost, max_draft=0))
+    assert list(gen) == plain_greedy(target, PROMPT, 20)
+    assert stats.contended
+    assert cost.observations - before == 3  # decodes 2-4: the 1st carries the prompt's last chunk, the 5th is contended
