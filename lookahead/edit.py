@@ -7,7 +7,8 @@
     rw.result.text, rw.result.warnings, rw.result.finish_reason       # after the loop
 
 The source (the whole text, or each piece of it) is registered as the reference of its
-request, so unchanged stretches are drafted from it and verified in one pass. What comes
+request (as its `prediction`, so the stats count the drafts taken from it apart), so
+unchanged stretches are drafted from it and verified in one pass. What comes
 back is cleaned as it streams: a code fence around the whole answer and a line of chatter
 before it ("Here is the revised document:") are dropped, and so is what follows the closing
 fence or a repeated line of the instruction. A rewrite never runs away: each request may
@@ -584,13 +585,17 @@ def merge_speculation(stats: Sequence[dict]) -> dict:
             continue
         total.speculative = total.speculative or bool(s.get("speculative"))
         for key in ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "target_passes", "draft_passes",
-                    "tree_passes", "drafted", "accepted"):
+                    "tree_passes", "drafted", "accepted", "prediction_drafted", "prediction_accepted"):
             setattr(total, key, getattr(total, key) + int(s.get(key, 0)))
         for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
                     "request_ms"):
             setattr(total, key, getattr(total, key) + float(s.get(key, 0.0)))
         for k, v in s.get("accept_histogram", {}).items():
             total.accept_histogram[int(k)] = total.accept_histogram.get(int(k), 0) + int(v)
+        for k, (drafted, accepted) in s.get("by_source", {}).items():
+            counts = total.by_source.setdefault(int(k), [0, 0])
+            counts[0] += int(drafted)
+            counts[1] += int(accepted)
         total.decode_threads = s.get("decode_threads", total.decode_threads)
         total.fallback = total.fallback or s.get("fallback")
         total.contended = total.contended or bool(s.get("contended"))
@@ -664,7 +669,9 @@ class Rewrite:
             cleaner = AnswerCleaner(core, echo_lines=_instruction_lines(messages, core))
             emitted: list[str] = []
             t0 = time.perf_counter()
-            chunks = self.fast.create_chat_completion(messages, references=[core], stream=True, max_tokens=limit,
+            # the source is the answer's prediction: a reference whose drafted / accepted tokens
+            # the stats count apart (`prediction_drafted`, `prediction_accepted`)
+            chunks = self.fast.create_chat_completion(messages, prediction=core, stream=True, max_tokens=limit,
                                                       **self.sampling)
             finish = None
             try:
@@ -769,6 +776,7 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
     on_piece: called as (index, count, (start, end)) when each piece starts.
     temperature and other keyword arguments: sampling arguments of `create_chat_completion`
         (top_k, top_p, min_p, repeat_penalty, seed, stop, speculate, ...). Default greedy.
+        `references`: more texts to draft from (other open buffers), for every request.
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
@@ -786,7 +794,7 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
         raise ValueError(f"growth must be > 0, got {growth!r}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens!r}")
-    for reserved in ("messages", "references", "stream"):
+    for reserved in ("messages", "prediction", "stream"):
         if reserved in sampling:
             raise ValueError(f"{reserved!r} is set by rewrite itself; do not pass it")
 

@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI's /v1/chat/completions, /v1/completions, /v1/models, and /health.
+"""The ASGI app: OpenAI's /v1/chat/completions, /v1/completions, /v1/models, and /health, and
+lookahead's /v1/lookahead/edits.
 
 A thin front end over `lookahead.Lookahead`: requests are validated (`protocol`), turned into
 the library's `create_chat_completion` / `create_completion` arguments, decoded one at a time
@@ -6,6 +7,10 @@ the library's `create_chat_completion` / `create_completion` arguments, decoded 
 `data: [DONE]`. `prediction` becomes a reference for its request; the usage block counts the
 prediction tokens the verifier accepted and rejected; the library's speculation stats go in
 a `speculation` field, which OpenAI clients ignore.
+
+/v1/lookahead/edits is the editing API (`lookahead.edit.rewrite`) over HTTP: a buffer, an
+instruction and optionally a region in; the new region text out, streamed as
+`lookahead.edit.chunk` events and then one `lookahead.edit` event with the result.
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ import asyncio
 import hmac
 import json
 import os
+import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -27,7 +34,8 @@ from starlette.routing import Route
 from lookahead.adapters.llama_cpp import prompt_cache_off
 
 from .decoder import CHUNK, END, ERROR, Decoder, Job, QueueFull
-from .protocol import APIError, ChatRequest, CompletionRequest, parse_json_body, parse_request, usage_block
+from .protocol import (APIError, ChatRequest, CompletionRequest, EditRequest, parse_json_body, parse_request,
+                       usage_block)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -173,10 +181,13 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         with prompt_cache_off(fast.llm):
             yield from call()  # closing this generator closes the library's stream
 
-    def submit(run: Callable[[], Any], collect: Callable[[list], dict] | None = None) -> Job:
+    def submit(run: Callable[..., Any], collect: Callable[[list], dict] | None = None, with_job: bool = False) -> Job:
         """Queue a job; `collect`: a non-streamed request, whose response is built from its chunks
-        in the decoding thread (so that a client leaving stops it, as it stops a stream)."""
+        in the decoding thread (so that a client leaving stops it, as it stops a stream).
+        `with_job`: `run` is called with the job (to watch `job.cancelled` itself)."""
         job = Job(run, asyncio.get_running_loop(), collect)
+        if with_job:
+            job.run = lambda: run(job)
         try:
             decoder.submit(job)
         except QueueFull as e:
@@ -350,6 +361,77 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
         return await respond(submit(lambda: stream_with_usage(chunks(), include_usage, completion_chunk_text,
                                                               skip_first=echoed)), request, True)
 
+    def edit_events(cancelled: threading.Event, req: EditRequest, region: tuple[int, int], sampling: dict,
+                    whole: bool) -> Iterator[dict | None]:
+        """The events of one edit, made in the decoding thread: a `lookahead.edit.chunk` per piece of
+        new text, then the `lookahead.edit` result (with `text` and `document` when `whole`)."""
+        from lookahead import edit
+
+        head = {"id": f"edit-{uuid.uuid4().hex}", "object": "lookahead.edit.chunk", "created": int(time.time()),
+                "model": config.model_id}
+        try:
+            rw = edit.rewrite(_StopWhenCancelled(fast, cancelled), req.text, req.instruction, region=region,
+                              filename=req.filename, max_tokens=req.max_tokens, **sampling)
+        except ValueError as e:  # the fields are checked: the instruction leaves the text no room
+            raise APIError(400, f"{e}: this server's context holds {n_ctx} tokens; shorten the instruction or "
+                                "restart the server with a larger --n-ctx", param="instruction",
+                           code="context_length_exceeded") from None
+        try:
+            for piece in rw:
+                yield {**head, "piece": rw.piece, "text": piece}
+        except _Cancelled:  # the client left: the rewrite stopped at its next model step
+            yield None  # the decoder sees the cancellation and counts it
+            return
+        finally:
+            rw.close()  # closes the model's stream (a client leaving between pieces of text)
+        result = rw.result
+        spec = result.speculation
+        fields = {"text": result.text, "document": result.document} if whole else {}
+        fields.update(
+            finish_reason=result.finish_reason, warnings=list(result.warnings),
+            lines_kept=round(result.lines_kept, 4), diverged=result.diverged, region=list(result.region),
+            pieces=[{"start": p.start, "end": p.end, "finish_reason": p.finish_reason} for p in result.pieces],
+            speculation=spec,
+            usage=usage_block(spec.get("prompt_tokens", 0), spec.get("generated_tokens", 0), spec))
+        yield {**head, "object": "lookahead.edit", **fields}
+
+    async def edits(request: Request) -> Response:
+        """POST /v1/lookahead/edits: `lookahead.edit.rewrite` of a buffer, or a region of it."""
+        authorize(request)
+        req = parse_request(EditRequest, await read_body(request))
+        check_model(req.model)
+        if not req.instruction.strip():
+            raise APIError(400, "'instruction' is empty: say what to change, e.g. \"Fix the typos\"",
+                           param="instruction", code="invalid_value")
+        region = req.checked_region()
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise APIError(400, f"invalid 'max_tokens': {req.max_tokens}; expected an integer >= 1 (the most tokens "
+                                "the whole rewrite may generate; without it each piece is bounded by its length)",
+                           param="max_tokens", code="invalid_value")
+        sampling: dict[str, Any] = dict(
+            temperature=defaults.temperature if req.temperature is None else req.temperature,
+            top_p=defaults.top_p if req.top_p is None else req.top_p,
+            top_k=defaults.top_k if req.top_k is None else req.top_k,
+            min_p=defaults.min_p if req.min_p is None else req.min_p,
+            repeat_penalty=defaults.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            seed=req.seed,
+        )
+        if req.speculate is not None:
+            sampling["speculate"] = req.speculate
+        if req.references:
+            sampling["references"] = [r for r in req.references if r]  # other open buffers
+        whole = not req.stream
+
+        def run(job: Job) -> Iterator[dict | None]:
+            return library_chunks(lambda: edit_events(job.cancelled, req, region, sampling, whole),
+                                  req.cache_prompt is not False)
+
+        if whole:
+            return await respond(submit(run, lambda kept: kept[-1], with_job=True), request, False)
+        return await respond(submit(run, with_job=True), request, True)
+
     def model_card() -> dict:
         return {"id": config.model_id, "object": "model", "created": config.created, "owned_by": "lookahead",
                 "n_ctx": n_ctx}
@@ -376,7 +458,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
     async def on_http_error(request: Request, e: HTTPException) -> Response:
         if e.status_code == 404:
             message = f"unknown endpoint: {request.method} {request.url.path} (this server has /v1/chat/completions, " \
-                      "/v1/completions, /v1/models, /health)"
+                      "/v1/completions, /v1/models, /v1/lookahead/edits, /health)"
         elif e.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
@@ -390,6 +472,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/lookahead/edits", edits, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -404,6 +487,57 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
                     exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
     app.state.decoder = decoder
     return app
+
+
+class _Cancelled(Exception):
+    """The client of an edit left: raised in the model's stream to end the rewrite there."""
+
+
+class _StopWhenCancelled:
+    """A `Lookahead` as `lookahead.edit.rewrite` uses it, whose chat streams end at the first model
+    step after `cancelled` is set (raising `_Cancelled`; the rewrite closes the stream).
+
+    Waiting for the rewrite's next piece of text would not do: it holds lines back while they
+    might start a loop, and a piece's answer may be chatter it drops.
+    """
+
+    def __init__(self, fast: Any, cancelled: threading.Event):
+        self._fast = fast
+        self._cancelled = cancelled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fast, name)
+
+    def create_chat_completion(self, *args: Any, **kwargs: Any) -> "_CancellableStream":
+        if self._cancelled.is_set():  # before the next piece's prefill
+            raise _Cancelled
+        return _CancellableStream(self._fast.create_chat_completion(*args, **kwargs), self._cancelled)
+
+
+class _CancellableStream:
+    """The library's chat stream, ending with `_Cancelled` before the step after a cancellation."""
+
+    def __init__(self, stream: Any, cancelled: threading.Event):
+        self._stream = stream
+        self._chunks = iter(stream)
+        self._cancelled = cancelled
+
+    def __iter__(self) -> "_CancellableStream":
+        return self
+
+    def __next__(self) -> dict:
+        if self._cancelled.is_set():
+            raise _Cancelled
+        return next(self._chunks)
+
+    def close(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def speculation(self) -> dict | None:  # the stats so far (what the rewrite reads from a closed stream)
+        return getattr(self._stream, "speculation", None)
 
 
 def chat_chunk_text(chunk: dict) -> str:

@@ -57,7 +57,8 @@ def _is_loopback(host: str) -> bool:
 @click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0, show_default=True,
               help="Default repeat penalty (1 = off); requests may send `repeat_penalty`.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Default output limit for requests that send none. Default: up to the end of the context.")
+              help="Default output limit for requests that send none. Default: up to the end of the context. "
+                   "(Not for /v1/lookahead/edits: an edit is bounded by its text's length.)")
 @click.option("--max-queue", type=click.IntRange(min=0), default=8, show_default=True,
               help="Requests that may wait while one decodes; beyond them the server answers 429 with Retry-After.")
 @click.option("--max-body-mib", type=click.FloatRange(min=0.0, min_open=True), default=8.0, show_default=True,
@@ -74,6 +75,8 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     \b
     Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health.
     Point an OpenAI client (Continue, Zed, the openai package, curl) at http://HOST:PORT/v1.
+    Also POST /v1/lookahead/edits: {"text": BUFFER, "instruction": ..., "region": [start, end]}
+    rewrites the buffer (or the region) with the buffer as the reference (lookahead.edit).
 
     A request's `prediction` ({"type": "content", "content": TEXT}) is used as a reference for
     that request: the tokens it drafts and the verifier accepts or rejects are counted in

@@ -1,13 +1,15 @@
 """One thread owns the Llama: requests are decoded one at a time, from a bounded queue.
 
 A request is a `Job`: a function that runs in the decoding thread and returns either a dict
-(a whole response) or an iterator of chunks. A stream's chunks are handed to the event loop
-through an asyncio queue, one at a time, so the HTTP side never blocks on the model; a job
-with `collect` keeps its chunks in the decoding thread and hands over `collect(chunks)`, the
-whole response, at the end (a non-streamed request: decoded as a stream so that it can be
-stopped). `Job.cancel()` (the client went away) is seen by the decoding thread after the
-next chunk: the iterator is closed there, which stops the library's generation at its next
-step and leaves the KV cache consistent for the next request.
+(a whole response) or an iterator of chunks (a `None` item is not sent: a job that notices
+its cancellation itself yields one, so that it is stopped and counted like the others). A
+stream's chunks are handed to the event loop through an asyncio queue, one at a time, so
+the HTTP side never blocks on the model; a job with `collect` keeps its chunks in the
+decoding thread and hands over `collect(chunks)`, the whole response, at the end (a
+non-streamed request: decoded as a stream so that it can be stopped). `Job.cancel()` (the
+client went away) is seen by the decoding thread after the next chunk: the iterator is
+closed there, which stops the library's generation at its next step and leaves the KV cache
+consistent for the next request.
 """
 from __future__ import annotations
 
@@ -129,7 +131,9 @@ class Decoder:
             kept: list[Any] = []
             try:
                 for chunk in chunks:
-                    if job.collect is None:
+                    if chunk is None:
+                        pass
+                    elif job.collect is None:
                         job.put(CHUNK, chunk)
                     else:
                         kept.append(chunk)

@@ -144,6 +144,42 @@ class CompletionRequest(_Sampling):
     suffix: Optional[str] = None
 
 
+class EditRequest(_Strict):
+    """lookahead's extension endpoint, POST /v1/lookahead/edits: rewrite a buffer (or a region of
+    it) by an instruction, with the buffer as the reference (`lookahead.edit.rewrite`)."""
+
+    text: str  # the whole buffer
+    instruction: str
+    region: Optional[list[int]] = Field(default=None, min_length=2, max_length=2)  # [start, end) offsets
+    filename: Optional[str] = None  # tells code from prose (the prompt's wording, where pieces are cut)
+    references: Optional[list[str]] = Field(default=None, max_length=MAX_REFERENCES)  # more texts to copy from
+    model: Optional[str] = None
+    stream: Optional[bool] = None
+    max_tokens: Optional[int] = None  # over the whole rewrite (each piece is bounded by its length anyway)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=0)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    speculate: Optional[bool] = None
+    cache_prompt: Optional[bool] = None
+
+    def checked_region(self) -> tuple[int, int]:
+        """(start, end) of the region to rewrite, the whole text by default; APIError(400) if it
+        is not inside the text."""
+        if self.region is None:
+            return 0, len(self.text)
+        start, end = self.region
+        if not 0 <= start <= end <= len(self.text):
+            raise APIError(400, f"invalid 'region': [{start}, {end}] is not inside the text; expected [start, end] "
+                                f"with 0 <= start <= end <= {len(self.text)} (the text's length in characters, "
+                                "that is Unicode code points)", param="region", code="invalid_value")
+        return start, end
+
+
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "tagged-union"}
 
 

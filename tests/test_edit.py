@@ -219,19 +219,25 @@ def test_bad_region_and_arguments_name_the_value():
         edit.rewrite(Fake(), "hello world", "Fix", region="all")
     with pytest.raises(ValueError, match="instruction is empty"):
         edit.rewrite(Fake(), "hello", " ")
-    with pytest.raises(ValueError, match="'references' is set by rewrite"):
-        edit.rewrite(Fake(), "hello", "Fix", references=["x"])
+    with pytest.raises(ValueError, match="'prediction' is set by rewrite"):
+        edit.rewrite(Fake(), "hello", "Fix", prediction="x")
 
 
 def test_merge_speculation_sums_the_pieces():
     a = {"prompt_tokens": 10, "generated_tokens": 5, "target_passes": 2, "drafted": 4, "accepted": 3,
-         "accept_histogram": {"3": 1}, "total_ms": 100.0, "prefill_ms": 50.0, "speculative": True}
-    b = {"prompt_tokens": 20, "generated_tokens": 7, "target_passes": 7, "drafted": 0, "accepted": 0,
-         "accept_histogram": {}, "total_ms": 60.0, "prefill_ms": 20.0, "speculative": True}
+         "accept_histogram": {"3": 1}, "total_ms": 100.0, "prefill_ms": 50.0, "speculative": True,
+         "by_source": {"0": [4, 3], "1": [4, 3]}, "prediction_drafted": 4, "prediction_accepted": 3}
+    b = {"prompt_tokens": 20, "generated_tokens": 7, "target_passes": 7, "drafted": 2, "accepted": 1,
+         "accept_histogram": {"1": 1}, "total_ms": 60.0, "prefill_ms": 20.0, "speculative": True,
+         "by_source": {"1": [2, 1]}, "prediction_drafted": 2, "prediction_accepted": 1}
     m = edit.merge_speculation([a, b, {}])
     assert (m["prompt_tokens"], m["generated_tokens"], m["target_passes"]) == (30, 12, 9)
-    assert m["accept_histogram"] == {"3": 1} and m["tokens_per_pass"] == round(12 / 9, 4)
+    assert m["accept_histogram"] == {"1": 1, "3": 1} and m["tokens_per_pass"] == round(12 / 9, 4)
     assert m["total_ms"] == 160.0
+    # the drafts taken from the pieces' sources (each request's prediction), summed
+    assert (m["prediction_drafted"], m["prediction_accepted"]) == (6, 4)
+    assert m["by_source"] == {"0": [4, 3], "1": [6, 4]}
+    assert set(m) == set(a) | set(edit.merge_speculation([]))  # the same keys as one request's stats
 
 
 # ---- with the embedded model --------------------------------------------------------------------------
@@ -328,9 +334,9 @@ class ScriptedModel:
         self.target.n_ctx = n_ctx
         self.last_stats = None
 
-    def create_chat_completion(self, messages, references=None, stream=False, max_tokens=None, **kw):
-        self.requests.append(dict(messages=messages, references=references, max_tokens=max_tokens, **kw))
-        source = references[0]
+    def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
+        self.requests.append(dict(messages=messages, prediction=prediction, max_tokens=max_tokens, **kw))
+        source = prediction
         words_out = re.findall(r"\s*\S+|\s+$", self.answer(source))[:max_tokens]  # one token per word
         model = self
 
@@ -356,11 +362,12 @@ def test_pieces_stream_in_order_with_the_source_blank_lines_kept():
     assert len(rw.plan) > 3 and len(model.requests) == len(rw.plan)
     assert result.text == "".join(streamed) == text.upper()  # leading/trailing blank lines of each piece kept
     assert result.finish_reason == "stop" and result.warnings == []
-    # each request's reference is its piece, less the blank lines around it (indentation kept)
-    assert [r["references"][0] for r in model.requests] == [re.sub(r"^(?:[ \t]*\n)*", "", text[s:e].rstrip())
+    # each request's reference (its prediction) is its piece, less the blank lines around it
+    # (indentation kept)
+    assert [r["prediction"] for r in model.requests] == [re.sub(r"^(?:[ \t]*\n)*", "", text[s:e].rstrip())
                                                              for s, e in rw.plan]
     assert all(r["temperature"] == 0.0 for r in model.requests)
-    assert all(r["max_tokens"] == output_bound(len(r["references"][0].split())) for r in model.requests)
+    assert all(r["max_tokens"] == output_bound(len(r["prediction"].split())) for r in model.requests)
 
 
 def test_a_looping_piece_is_cut_warned_and_the_next_piece_still_runs():
@@ -392,7 +399,7 @@ def test_region_only_sends_the_region_and_replaces_it():
     start, end = text.index("middle"), text.index("part") + 4
     model = ScriptedModel(lambda source: source.replace("middle", "MIDDLE"))
     result = edit.rewrite(model, text, "Caps", region=(start, end), stream=False)
-    assert model.requests[0]["references"] == ["middle part"]
+    assert model.requests[0]["prediction"] == "middle part"
     assert result.text == "MIDDLE part" and result.document == "before\n\nMIDDLE part\n\nafter\n"
 
 

@@ -499,3 +499,160 @@ def test_timed_request_for_benches(server, client):
     assert completion.text and completion.usage["completion_tokens"] >= 1
     with pytest.raises(RuntimeError, match="404.*'nope' does not exist"):
         timed_request(server, {**body, "model": "nope"}, api_key=KEY)
+
+
+# ---- /v1/lookahead/edits: the editing API (lookahead.edit) over HTTP --------------------------------
+BUFFER = "Keep this line.\n\nteh cat sat on teh mat.\n\nKeep this one too.\n"
+# About 1,400 tokens: longer than the server's context, so it is rewritten in pieces.
+LONG_BUFFER = "\n".join(f"## Step {i}\n\nStep {i} of the backup plan: copy the folder named alpha{i} to the disk "
+                        f"labelled B{i} and check teh copy.\n" for i in range(1, 41))
+
+
+def edit_events(server, body) -> list[dict]:
+    """The events of a streamed edit, which must end with `data: [DONE]`."""
+    with httpx.stream("POST", server + "/v1/lookahead/edits", json={**body, "stream": True}, timeout=600,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def wait_idle(server) -> dict:
+    deadline = time.monotonic() + 120
+    while (h := health(server))["decoding"] or h["waiting"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    return h
+
+
+def test_edit_a_region_streamed_and_whole(server, local):
+    from lookahead import edit
+
+    start, end = BUFFER.index("teh cat"), BUFFER.index("\n\nKeep this one")
+    body = {"model": MODEL, "text": BUFFER, "instruction": "Fix the typos", "region": [start, end],
+            "filename": "notes.md", "temperature": 0}
+    *chunks, final = edit_events(server, body)
+    assert chunks and all(c["object"] == "lookahead.edit.chunk" and c["piece"] == 0 for c in chunks)
+    assert final["object"] == "lookahead.edit" and "document" not in final
+    assert len({c["id"] for c in [*chunks, final]}) == 1
+    whole = post(server, "/v1/lookahead/edits", body).json()
+    assert whole["object"] == "lookahead.edit" and whole["model"] == MODEL
+    # greedy: the streamed pieces make the whole answer's text
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    # the buffer outside the region is left as it was
+    assert whole["document"] == BUFFER[:start] + whole["text"] + BUFFER[end:]
+    assert whole["document"].startswith("Keep this line.\n\n") and whole["document"].endswith("\n\nKeep this one too.\n")
+    for key in ("finish_reason", "warnings", "lines_kept", "diverged", "region", "pieces"):
+        assert whole[key] == final[key], key
+    assert whole["region"] == [start, end] and whole["pieces"] == [{"start": start, "end": end,
+                                                                    "finish_reason": whole["pieces"][0]["finish_reason"]}]
+    # the library's rewrite of the same region, in this process, gives the same text
+    want = edit.rewrite(local, BUFFER, "Fix the typos", region=(start, end), filename="notes.md", temperature=0,
+                        stream=False)
+    assert whole["text"] == want.text and whole["finish_reason"] == want.finish_reason
+    assert whole["warnings"] == want.warnings
+    # usage: the stats' token counts; prediction tokens are the drafts taken from the region
+    spec, usage = whole["speculation"], whole["usage"]
+    assert usage["completion_tokens"] == spec["generated_tokens"] > 0
+    assert usage["prompt_tokens"] == spec["prompt_tokens"] > 0
+    details = usage["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] == spec["prediction_accepted"]
+    assert details["rejected_prediction_tokens"] == spec["prediction_drafted"] - spec["prediction_accepted"]
+    assert spec["prediction_drafted"] <= spec["drafted"]
+
+
+def test_edit_of_a_buffer_longer_than_the_context_streams_its_pieces_in_order(server):
+    # max_tokens=1 over the whole rewrite: the first piece uses it up, and every later piece is
+    # kept as it was (and said so), so the pieces can be checked without a long decode.
+    *chunks, final = edit_events(server, {"text": LONG_BUFFER, "instruction": "Fix the typos", "filename": "plan.md",
+                                          "max_tokens": 1})
+    pieces = final["pieces"]
+    assert len(pieces) >= 3, pieces
+    assert pieces[0]["start"] == 0 and pieces[-1]["end"] == len(LONG_BUFFER)
+    assert all(a["end"] == b["start"] for a, b in zip(pieces, pieces[1:]))  # the whole buffer, in order
+    order = [c["piece"] for c in chunks]
+    assert order == sorted(order) and set(order) == set(range(len(pieces)))
+    for i, piece in enumerate(pieces[1:], start=1):
+        assert "".join(c["text"] for c in chunks if c["piece"] == i) == LONG_BUFFER[piece["start"]:piece["end"]]
+        assert piece["finish_reason"] == "length"
+    assert final["finish_reason"] == "length"
+    assert sum("max_tokens used up" in w for w in final["warnings"]) == len(pieces) - 1
+
+
+def test_edit_errors_name_the_field(server):
+    def edit_post(key=KEY, **fields):
+        return post(server, "/v1/lookahead/edits", {"text": BUFFER, "instruction": "Fix the typos", **fields}, key=key)
+
+    assert_openai_error(edit_post(instruction="  "), 400, param="instruction", code="invalid_value")
+    assert_openai_error(edit_post(instruction="", stream=True), 400, param="instruction")
+    assert_openai_error(post(server, "/v1/lookahead/edits", {"text": BUFFER}), 400, param="instruction",
+                        code="missing_required_parameter")
+    assert_openai_error(post(server, "/v1/lookahead/edits", {"instruction": "Fix"}), 400, param="text",
+                        code="missing_required_parameter")
+    assert_openai_error(edit_post(text=["a", "b"]), 400, param="text", code="invalid_type")
+    assert_openai_error(edit_post(region=[0, len(BUFFER) + 1]), 400, param="region", says=str(len(BUFFER)))
+    assert_openai_error(edit_post(region=[9, 3]), 400, param="region")
+    assert_openai_error(edit_post(region=[-1, 3]), 400, param="region")
+    assert_openai_error(edit_post(region=[3]), 400, param="region")
+    assert_openai_error(edit_post(region=[1, 2, 3]), 400, param="region")
+    assert_openai_error(edit_post(region=[0.5, 3]), 400, param="region[0]", code="invalid_type")
+    assert_openai_error(edit_post(region="all"), 400, param="region", code="invalid_type")
+    assert_openai_error(edit_post(temperature=3), 400, param="temperature")
+    assert_openai_error(edit_post(top_p=-0.1), 400, param="top_p")
+    assert_openai_error(edit_post(top_k=-1), 400, param="top_k")
+    assert_openai_error(edit_post(max_tokens=0), 400, param="max_tokens")
+    assert_openai_error(edit_post(filename=3), 400, param="filename", code="invalid_type")
+    # an instruction that leaves the text no room in the context
+    assert_openai_error(edit_post(instruction="Fix the typos. " * N_CTX), 400, param="instruction",
+                        code="context_length_exceeded", says=str(N_CTX))
+    assert_openai_error(edit_post(model="gpt-4o"), 404, code="model_not_found")
+    assert_openai_error(edit_post(key=None), 401, code="invalid_api_key")
+    assert_openai_error(edit_post(text="x" * (1024 * 1024 + 10)), 413, code="request_too_large")
+    assert_openai_error(httpx.get(server + "/v1/lookahead/edits", timeout=10), 405)
+    assert health(server)["status"] == "ok"
+
+
+def test_edit_whose_client_leaves_is_stopped_then_next_answer_is_right(server, local):
+    """A streamed edit closed after its first event, then a non-streamed one whose connection
+    closes while it decodes: both are stopped (the `cancelled` counter), and the next edit is
+    right."""
+    from lookahead import edit
+
+    before = wait_idle(server)
+    body = {"text": LONG_BUFFER, "instruction": "Fix the typos", "filename": "plan.md", "temperature": 0}
+    with httpx.stream("POST", server + "/v1/lookahead/edits", json={**body, "stream": True}, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[len("data: "):])["object"] == "lookahead.edit.chunk"  # it is decoding
+    deadline = time.monotonic() + 120
+    while health(server)["cancelled"] == before["cancelled"]:
+        assert time.monotonic() < deadline, "the abandoned edit stream was never stopped"
+        time.sleep(0.1)
+    middle = wait_idle(server)
+    assert middle["served"] == before["served"] + 1 and middle["cancelled"] == before["cancelled"] + 1
+
+    raw = json.dumps(body).encode()
+    host, port = server.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/lookahead/edits HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    try:
+        while not health(server)["decoding"]:
+            assert time.monotonic() < deadline, "the edit never started decoding"
+            time.sleep(0.02)
+    finally:
+        sock.close()
+    while health(server)["cancelled"] == middle["cancelled"]:
+        assert time.monotonic() < deadline, "the abandoned non-streamed edit was never stopped"
+        time.sleep(0.1)
+    after = wait_idle(server)
+    assert after["served"] == middle["served"] + 1 and after["status"] == "ok"
+
+    start, end = BUFFER.index("teh cat"), BUFFER.index("\n\nKeep this one")
+    out = post(server, "/v1/lookahead/edits", {"text": BUFFER, "instruction": "Fix the typos", "region": [start, end],
+                                               "temperature": 0}).json()
+    want = edit.rewrite(local, BUFFER, "Fix the typos", region=(start, end), temperature=0, stream=False)
+    assert out["text"] == want.text and out["document"] == want.document
