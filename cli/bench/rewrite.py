@@ -32,6 +32,7 @@ import click
 from lookahead.edit import lines_kept
 
 from .measures import geometric_mean, rotated, workload_seed
+from .workloads import select
 
 REWRITE_METHODS = ("plain", "lookahead")
 
@@ -85,18 +86,7 @@ def load_rewrites(path: Path, categories: Sequence[str] = (), limit: int | None 
             raise click.BadParameter(f"{where}: id {item['id']!r} appears twice", param_hint="WORKLOADS")
         seen.add(item["id"])
         items.append(item)
-    present = list(dict.fromkeys(i["category"] for i in items))
-    unknown = [c for c in categories if c not in present]
-    if unknown:
-        raise click.BadParameter(f"no item has category {unknown[0]!r}; the file has: {', '.join(present)}",
-                                 param_hint="--category")
-    chosen, counts = [], {}
-    for item in items:
-        if categories and item["category"] not in categories:
-            continue
-        counts[item["category"]] = counts.get(item["category"], 0) + 1
-        if limit is None or counts[item["category"]] <= limit:
-            chosen.append(item)
+    chosen = select(items, categories, limit, "item")
     if not chosen:
         raise click.BadParameter(f"{str(path)!r} holds no rewrite items", param_hint="WORKLOADS")
     return chosen

@@ -35,23 +35,31 @@ def load_workloads(path: Path, categories: Sequence[str] = (), limit: int | None
             raise click.BadParameter(f"{where}: id {w['id']!r} appears twice", param_hint="WORKLOADS")
         seen.add(w["id"])
         workloads.append(w)
-    present = list(dict.fromkeys(w["category"] for w in workloads))
-    unknown = [c for c in categories if c not in present]
-    if unknown:
-        raise click.BadParameter(f"no workload has category {unknown[0]!r}; the file has: {', '.join(present)}",
-                                 param_hint="--category")
-    chosen, per_category = [], {}
-    for w in workloads:
-        if categories and w["category"] not in categories:
-            continue
-        per_category[w["category"]] = per_category.get(w["category"], 0) + 1
-        if limit is not None and per_category[w["category"]] > limit:
-            continue
-        if max_tokens_cap is not None:
-            w = {**w, "max_tokens": min(w["max_tokens"], max_tokens_cap)}
-        chosen.append(w)
+    chosen = select(workloads, categories, limit, "workload")
+    if max_tokens_cap is not None:
+        chosen = [{**w, "max_tokens": min(w["max_tokens"], max_tokens_cap)} for w in chosen]
     if not chosen:
         raise click.BadParameter(f"{str(path)!r} holds no workloads", param_hint="WORKLOADS")
+    return chosen
+
+
+def select(items: list[dict], categories: Sequence[str], limit: int | None, noun: str) -> list[dict]:
+    """The items of the given categories (all when none), the first `limit` of each.
+
+    Raises click.BadParameter naming a category no item has, and the ones present.
+    """
+    present = list(dict.fromkeys(i["category"] for i in items))
+    unknown = [c for c in categories if c not in present]
+    if unknown:
+        raise click.BadParameter(f"no {noun} has category {unknown[0]!r}; the file has: {', '.join(present)}",
+                                 param_hint="--category")
+    chosen, per_category = [], {}
+    for item in items:
+        if categories and item["category"] not in categories:
+            continue
+        per_category[item["category"]] = per_category.get(item["category"], 0) + 1
+        if limit is None or per_category[item["category"]] <= limit:
+            chosen.append(item)
     return chosen
 
 
