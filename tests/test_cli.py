@@ -157,9 +157,13 @@ def test_ctrl_c_during_rewrite_leaves_file_untouched(tmp_path):
     f = tmp_path / "notes.md"
     shutil.copy(SAMPLES / "docs" / "howto_backups.md", f)
     before = f.read_bytes()
+    # SIGINT back to its default in the child: a shell starts background jobs with SIGINT
+    # ignored, Python then installs no KeyboardInterrupt handler, and Ctrl-C is never seen
+    # (a CI run started with `.ci/run &` failed here that way).
     proc = subprocess.Popen([str(BIN), "rewrite", str(f), "-i", "Rewrite in a formal tone", "--in-place",
                              "--no-speculate", "--max-tokens", "3000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # The command announces the rewrite once the model is loaded, right before generating;
     # 3000 tokens take minutes here, so the interrupt lands mid-way (a run that finished
     # first would exit 0 and fail below, not pass by luck).
