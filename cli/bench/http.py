@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,6 +41,7 @@ import click
 
 from ..options import dist_version
 from .measures import _round, geometric_mean, rotated, workload_seed
+from .llama_server import wait_for_health
 from .methods import WARMUP_TOKENS
 
 HTTP_PLAIN = "http-plain"
@@ -350,19 +350,7 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise click.ClickException(f"`{' '.join(self.args)}` exited with {self.process.returncode}:\n"
-                                           f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.3)
-        raise click.ClickException(f"`{' '.join(self.args)}` not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        wait_for_health(self.process, self.url, " ".join(self.args), self.log_tail, timeout_s)
 
     def log_tail(self, chars: int = 1500) -> str:
         self.log.seek(0)

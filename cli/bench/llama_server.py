@@ -9,10 +9,29 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import click
 
 from .summary import Run
+
+
+def wait_for_health(process: subprocess.Popen, url: str, command: str, log_tail: Callable[[], str],
+                    timeout_s: float, poll_s: float = 0.3) -> None:
+    """Until GET {url}/health answers 200. A server process that exits first, or is not ready
+    after `timeout_s`, is a ClickException naming `command`, with the end of its log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise click.ClickException(f"`{command}` exited with {process.returncode}:\n{log_tail()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(poll_s)
+    raise click.ClickException(f"`{command}` not ready after {timeout_s:.0f} s:\n{log_tail()}")
 
 
 class LlamaServer:
@@ -45,21 +64,11 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                err = self.log.read()[-800:]
-                raise click.ClickException(f"llama-server exited with {self.process.returncode}: "
-                                           f"{' '.join(self.args)}\n{err}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise click.ClickException(f"llama-server not ready after {timeout_s:.0f} s: {' '.join(self.args)}")
+        wait_for_health(self.process, self.url, " ".join(self.args), self.log_tail, timeout_s)
+
+    def log_tail(self, chars: int = 800) -> str:
+        self.log.seek(0)
+        return self.log.read()[-chars:]
 
     def post(self, route: str, body: dict) -> dict:
         request = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
