@@ -243,6 +243,11 @@ class AnswerCleaner:
         self._body_fences = 0  # fence lines of the document's own code blocks seen in the answer
         self._pending_newlines = ""  # newlines held until text follows them
         self._emitted_any = False
+        self._source_set = {l.strip() for l in self.source_lines if l.strip()}
+        # A first line ending with ":" that the source does not have, held until the next line
+        # shows whether it introduces a fenced answer ("You can rename it like this:").
+        self._intro: str | None = None
+        self._intro_gap = 0  # blank lines after it
         self.stopped: str | None = None  # "fence", "echo" or "loop"
         self.loop_block: list[str] = []
         self.dropped: list[str] = []  # lines dropped as chatter or fences
@@ -283,12 +288,26 @@ class AnswerCleaner:
     def _add_line(self, line: str, already_released: int) -> str:
         if self._head:
             if not line.strip():
-                return ""  # leading blank lines
+                self._intro_gap += self._intro is not None
+                return ""  # leading blank lines (or blank lines after a held intro)
+            if self._intro is not None:
+                intro, self._intro = self._intro, None
+                if is_fence(line) and not self._fenced:
+                    self.dropped.append(intro)  # it introduced the fenced answer: chatter
+                else:  # it was the answer's first line
+                    self._head = False
+                    out = self._add_line(intro, 0)
+                    out += "".join(self._add_line("", 0) for _ in range(self._intro_gap))
+                    return out + self._add_line(line, already_released)
             if (is_chatter(line) and line.strip() != self._source_first) or (
                     is_fence(line) and not self._source_starts_fenced and not self._fenced):
                 if is_fence(line):
                     self._fenced = True
                 self.dropped.append(line)
+                return ""
+            if (line.strip().endswith(":") and line.strip() not in self._source_set and not self._fenced
+                    and not self._source_starts_fenced):
+                self._intro = line
                 return ""
             self._head = False
         if line.strip() in self._echo:
@@ -353,6 +372,10 @@ class AnswerCleaner:
             self._partial, self._partial_released = "", 0
             if not (self._head and not line.strip()):
                 out.append(self._add_line(line, already))
+        if not self.stopped and self._intro is not None:  # the answer was that one line
+            intro, self._intro = self._intro, None
+            self._head = False
+            out.append(self._add_line(intro, 0))
         if not self.stopped:
             # a stray closing fence at the end that opens nothing in the document
             if (self.lines and not self._fenced and is_fence(self.lines[-1]) and self._released < len(self.lines)

@@ -492,3 +492,23 @@ def test_rewrite_does_not_write_a_diverged_answer_without_force(tmp_path, monkey
     out = _cli_with(ScriptedModel(lambda s: s.replace("Monday", "Friday")), monkeypatch, path, "-i", "Friday",
                     "--in-place")
     assert out.exit_code == 0 and path.read_text() == original.replace("Monday", "Friday")
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_an_intro_line_before_a_fenced_answer_is_chatter(step):
+    # SmolLM2-135M through the server: an intro that no chatter pattern knows, a fenced
+    # answer, then an explanation
+    source = "def slugify(text):\n    return text.lower()\n"
+    answer = ("You can rename the function slugify to make_slug like this:\n\n```python\n"
+              "def make_slug(text):\n    return text.lower()\n```\n\nThis renames the function.")
+    out, cleaner = stream_clean(answer, source, step)
+    assert out == "def make_slug(text):\n    return text.lower()"
+    assert cleaner.stopped == "fence" and cleaner.dropped[0].startswith("You can rename")
+
+
+def test_a_first_line_ending_with_a_colon_is_kept_when_no_fence_follows():
+    source = "Steps:\n\n- one\n- two\n"
+    out, cleaner = stream_clean("Steps to follow:\n\n- one\n- two\n", source)
+    assert out == "Steps to follow:\n\n- one\n- two" and cleaner.stopped is None
+    out, _ = stream_clean("Steps to follow:", source)  # the whole answer: the line is kept
+    assert out == "Steps to follow:"
