@@ -269,6 +269,8 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert [s["category"] for s in result["summary"]] == ["edit", "open", "all"]
     overall = result["summary"][-1]
     assert overall["n"] == 2 and LOOKAHEAD in overall["speedup"] and overall["identical"][LOOKAHEAD]["of"] == 2
+    assert all(isinstance(r["contended"], bool) for r in result["runs"] if r["method"] == LOOKAHEAD)
+    assert all(r["contended"] is None for r in result["runs"] if r["method"] == PLAIN)
     assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

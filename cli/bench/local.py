@@ -133,6 +133,7 @@ class LocalMethods:
             run.generated_tokens = stats.get("generated_tokens")
             run.target_passes = stats.get("target_passes")
             run.reused_prompt_tokens = stats.get("reused_prompt_tokens")
+            run.contended = bool(stats.get("contended"))
         elif method == PROMPT_LOOKUP:
             calls = self.pld_drafter.calls
             run.drafts = resolve_prompt_lookup_calls(calls)

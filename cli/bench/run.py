@@ -63,6 +63,10 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
     reused = [r.reused_prompt_tokens for r in runs if r.reused_prompt_tokens]
     if reused:
         log(f"warning: {len(reused)} lookahead calls reused a cached prompt prefix despite the reset")
+    contended = sum(1 for r in runs if r.contended)
+    if contended:
+        log(f"warning: in {contended} lookahead calls another process took the cores (decoded with fewer "
+            "threads): their timings are not this machine's quiet speed")
     config = {
         "model": str(path), "n_ctx": llama["n_ctx"], "threads": llama_threads, "gpu_layers": llama["n_gpu_layers"],
         "reps": reps, "temperatures": list(temperatures), "methods": order, "pld_tokens": pld_tokens,

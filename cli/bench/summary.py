@@ -27,13 +27,14 @@ class Run:
     target_passes: int | None = None
     reused_prompt_tokens: int | None = None  # lookahead only: should be 0 (prefix cache cleared)
     output_tokens: int | None = None  # tokens of the text, counted with the model's tokenizer
+    contended: bool | None = None  # lookahead only: another process took the cores (fewer threads)
 
     def to_dict(self) -> dict:
         """The run for --json: what was timed and what it wrote (outputs are worth reading)."""
         return {"workload": self.workload, "category": self.category, "temperature": self.temperature,
                 "rep": self.rep, "method": self.method, "seconds": round(self.seconds, 4), "text": self.text,
                 "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
-                "output_tokens": self.output_tokens, "drafts": self.drafts}
+                "output_tokens": self.output_tokens, "drafts": self.drafts, "contended": self.contended}
 
     @property
     def decode_cost(self) -> float | None:
