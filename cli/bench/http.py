@@ -43,6 +43,7 @@ from ..options import dist_version
 from .measures import _round, geometric_mean, rotated, workload_seed
 from .llama_server import wait_for_health
 from .methods import WARMUP_TOKENS
+from .table import align
 
 HTTP_PLAIN = "http-plain"
 HTTP_LOOKAHEAD = "http-lookahead"
@@ -281,16 +282,7 @@ def format_http_table(summaries: Sequence[dict]) -> str:
                       num((over.get(HTTP_PLAIN) or {}).get("ms_per_token"), "{:.3f}"),
                       *[num((over.get(m) or {}).get("share"), "{:.1%}") for m in HTTP_METHODS],
                       ", ".join(f"{c['identical']}/{c['of']}" for c in same) or "-"])
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [fmt(head), fmt(["-" * w for w in widths])]
-    for i, (s, cells) in enumerate(zip(summaries, lines)):
-        if s["category"] == "all":
-            out.append(fmt(["-" * w for w in widths]))
-        elif i and summaries[i - 1]["category"] == "all":
-            out.append("")  # the next temperature
-        out.append(fmt(cells))
-    return "\n".join(out)
+    return align(head, summaries, lines)
 
 
 # ---- the server: one given by URL, or `lookahead serve` started here ------------------------------

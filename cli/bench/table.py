@@ -38,6 +38,12 @@ def format_table(summaries: Sequence[dict]) -> str:
         if pl:
             cells.append(num(s["speculation"].get(PROMPT_LOOKUP, {}).get("acceptance_rate"), "{:.0%}"))
         lines.append(cells)
+    return align(head, summaries, lines)
+
+
+def align(head: Sequence[str], summaries: Sequence[dict], lines: Sequence[Sequence[str]]) -> str:
+    """Columns aligned under `head` (the first left, the rest right), one row per summary: a rule
+    above each "all" row and a blank line before the next temperature's categories."""
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     out = [fmt(head), fmt(["-" * w for w in widths])]
