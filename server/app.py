@@ -63,6 +63,20 @@ class ServerConfig:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def sampling_of(req: Any, defaults: SamplingDefaults) -> dict[str, Any]:
+    """The sampling arguments of a request (chat, completion or edit), the server's defaults
+    filling what it leaves out."""
+    return dict(
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        top_k=defaults.top_k if req.top_k is None else req.top_k,
+        min_p=defaults.min_p if req.min_p is None else req.min_p,
+        repeat_penalty=defaults.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+    )
+
+
 def library_error(e: Exception, n_ctx: int) -> APIError:
     """The OpenAI error for an exception raised while a request runs."""
     if isinstance(e, APIError):
@@ -150,13 +164,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
             raise refuse("logprobs", "this server's Llama keeps no logits for every position (logits_all=False)")
         kwargs: dict[str, Any] = dict(
             max_tokens=max_tokens_of(req),
-            temperature=defaults.temperature if req.temperature is None else req.temperature,
-            top_p=defaults.top_p if req.top_p is None else req.top_p,
-            top_k=defaults.top_k if req.top_k is None else req.top_k,
-            min_p=defaults.min_p if req.min_p is None else req.min_p,
-            repeat_penalty=defaults.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
+            **sampling_of(req, defaults),
             stop=req.stop_list(),
             seed=req.seed,
             stream=True,  # a non-streamed request is assembled from the chunks (see `submit`)
@@ -409,13 +417,7 @@ def create_app(fast: Any, config: ServerConfig) -> Starlette:
                                 "the whole rewrite may generate; without it each piece is bounded by its length)",
                            param="max_tokens", code="invalid_value")
         sampling: dict[str, Any] = dict(
-            temperature=defaults.temperature if req.temperature is None else req.temperature,
-            top_p=defaults.top_p if req.top_p is None else req.top_p,
-            top_k=defaults.top_k if req.top_k is None else req.top_k,
-            min_p=defaults.min_p if req.min_p is None else req.min_p,
-            repeat_penalty=defaults.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
+            **sampling_of(req, defaults),
             seed=req.seed,
         )
         if req.speculate is not None:
