@@ -32,7 +32,7 @@ import click
 from lookahead.edit import lines_kept
 
 from .measures import geometric_mean, rotated, workload_seed
-from .workloads import select
+from .workloads import json_lines, select
 
 REWRITE_METHODS = ("plain", "lookahead")
 
@@ -56,14 +56,7 @@ def load_rewrites(path: Path, categories: Sequence[str] = (), limit: int | None 
     Raises click.BadParameter naming the line and the field that is wrong.
     """
     items, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise click.BadParameter(f"{where}: not JSON ({e.msg})", param_hint="WORKLOADS") from None
+    for where, item in json_lines(path):
         if not isinstance(item, dict):
             raise click.BadParameter(f"{where}: expected a JSON object", param_hint="WORKLOADS")
         for key in ("id", "category", "instruction"):

@@ -3,9 +3,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import click
+
+
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, value) for each non-blank line of a JSONL file, `where` being "path:line".
+
+    Raises click.BadParameter when the file cannot be read or a line is not JSON.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="WORKLOADS") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"{where}: not JSON ({e.msg})", param_hint="WORKLOADS") from None
 
 
 def load_workloads(path: Path, categories: Sequence[str] = (), limit: int | None = None,
@@ -15,19 +34,8 @@ def load_workloads(path: Path, categories: Sequence[str] = (), limit: int | None
     Keeps the given categories (all when none), the first `limit` of each, and caps max_tokens.
     Raises click.BadParameter naming the line and the field that is wrong.
     """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="WORKLOADS") from None
     workloads, seen = [], set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            w = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise click.BadParameter(f"{where}: not JSON ({e.msg})", param_hint="WORKLOADS") from None
+    for where, w in json_lines(path):
         problem = _workload_problem(w)
         if problem:
             raise click.BadParameter(f"{where}: {problem}", param_hint="WORKLOADS")
