@@ -240,6 +240,14 @@ class AcceptanceModel:
         buckets = np.searchsorted(_BUCKET_UPPER, match_lengths)  # first upper bound >= length
         return means[np.minimum(buckets, len(_BUCKET_UPPER) - 1)]
 
+    def rate(self, kind: int, match_length: int) -> float:
+        """`rates` for one match length, without numpy (called at every step)."""
+        b = _bucket(match_length)
+        kind = int(kind)
+        acc, rej = self.accepted[kind, b], self.rejected[kind, b]
+        prior = (_PRIOR_MEAN_SAMPLED if self.sampled else _PRIOR_MEAN)[kind][b]
+        return float((acc + prior * _PRIOR_STRENGTH) / (acc + rej + _PRIOR_STRENGTH))
+
     def update(self, kind: int, match_length: int, drafted: int, accepted: int) -> None:
         """A candidate of `drafted` tokens had its first `accepted` confirmed by the target.
 
@@ -298,8 +306,9 @@ class _Pending:
 
     index: SuffixIndex
     at: int  # context length when it was proposed
-    candidate: Candidate
+    candidate: Candidate | None  # None: not built yet (no draft could pay); built from `match`
     drafted: int  # how many of its tokens were drafted (record() accounts for those)
+    match: Match | None = None
 
 
 def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
@@ -338,6 +347,8 @@ class Drafter:
         self.min_gain = float(min_gain)
         self.sampled = bool(sampled)
         self.tree_width = int(tree_width)  # most branches (leaves) one draft may have
+        self._threshold_curve: np.ndarray | None = None  # the curve `_threshold` was computed for
+        self._threshold = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -369,6 +380,12 @@ class Drafter:
         match = index.query()
         if tree and self.tree_width > 1 and match is not None and len(match.positions) > 1:
             return self._propose_tree(index, match, limit)
+        if match is not None and not self._may_pay(match):
+            # No draft of this match can pay, whatever its tokens: skip building the candidate
+            # (following the occurrences is most of a step's drafting time); `_learn` builds
+            # the few tokens it compares with the emitted ones.
+            self._pending = _Pending(index, len(index), None, 0, match)
+            return EMPTY_DRAFT
         cand = self._candidate(index, match, limit)
         if cand is None:
             return EMPTY_DRAFT
@@ -382,6 +399,24 @@ class Drafter:
             return EMPTY_DRAFT
         return Draft(cand.tokens[:k], cand.match_length, cand.kind == REFERENCE_KIND, expected, kind=cand.kind,
                      source=cand.source, sources=index.sources_containing(cand.tokens[:k]))
+
+    def _may_pay(self, match: Match) -> bool:
+        """Whether some draft of `match` could beat a plain decode by `min_gain`.
+
+        An upper bound that needs no candidate: the first token is accepted with probability
+        at most c1 (its bucket's estimate; agreement only lowers it) and every later one with
+        at most 1, so E(k) <= 1 + c1 * k. No k pays when c1 is below the least c1 for which
+        (1 + c1 * k) / t(k + 1) reaches min_gain / t(1) for some k: the threshold depends on
+        the curve alone and is kept until the curve changes.
+        """
+        curve = self._curve()
+        if self._threshold_curve is not curve:
+            k = np.arange(1, min(self.max_draft, len(curve) - 2) + 1)
+            need = (self.min_gain * curve[k + 1] / curve[1] - 1.0) / k if len(k) else np.array([np.inf])
+            self._threshold = float(need.min())
+            self._threshold_curve = curve
+        kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
+        return self.acceptance.rate(kind, match.length) >= self._threshold
 
     def candidate(self, index: SuffixIndex, limit: int) -> Candidate | None:
         """What `propose` would weigh, untruncated (the simulator's oracle drafts from it).
@@ -400,10 +435,11 @@ class Drafter:
         if self._pending is not None:
             self._pending.drafted = drafted
 
-    def _candidate(self, index: SuffixIndex, match: Match | None, limit: int) -> Candidate | None:
+    def _candidate(self, index: SuffixIndex, match: Match | None, limit: int,
+                   context_end: int | None = None) -> Candidate | None:
         if match is None:
             return None
-        tokens, agreement = _follow_majority(index, match, limit)
+        tokens, agreement = _follow_majority(index, match, limit, context_end)
         if not tokens:
             return None
         kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
@@ -493,6 +529,10 @@ class Drafter:
             return
         emitted = index.context()[pending.at :]
         cand, skip = pending.candidate, pending.drafted
+        if cand is None:  # skipped by propose: only the tokens that can be compared are needed
+            cand = self._candidate(index, pending.match, len(emitted), context_end=pending.at)
+            if cand is None:
+                return
         agree = _agreeing_prefix(cand.tokens, emitted)
         tested = min(len(cand.tokens), len(emitted))
         if agree >= skip and tested > skip:  # the positions past what record() counted
@@ -507,13 +547,25 @@ def _agreeing_prefix(tokens: list[int], emitted: np.ndarray) -> int:
     return a
 
 
-def _follow_majority(index: SuffixIndex, match: Match, depth: int) -> tuple[list[int], np.ndarray]:
+def _follow_majority(index: SuffixIndex, match: Match, depth: int,
+                     context_end: int | None = None) -> tuple[list[int], np.ndarray]:
     """Follow the most frequent continuation of the match's occurrences, token by token.
 
     Returns the tokens and, for each, the fraction of the occurrences still followed that
     agree on it (1.0 where they all agree). Ties go to the preferred (most recent) occurrence.
+    `context_end`: as the index was when it held that many context tokens (the match's time).
     """
-    conts = [index.continuation(pos, depth, cyclic=True) for pos in match.positions]
+    if depth == 1 and len(match.positions) > 1:  # one token (the step after a plain decode): count
+        counts: dict[int, int] = {}
+        for pos in match.positions:
+            first = index.continuation(pos, 1, cyclic=True, context_end=context_end)
+            if len(first):
+                counts[int(first[0])] = counts.get(int(first[0]), 0) + 1
+        if not counts:
+            return [], np.ones(0)
+        token = max(counts, key=counts.__getitem__)  # the first seen among the most frequent
+        return [token], np.array([counts[token] / sum(counts.values())])
+    conts = [index.continuation(pos, depth, cyclic=True, context_end=context_end) for pos in match.positions]
     if len(conts) == 1:
         return conts[0].tolist(), np.ones(len(conts[0]))
     width = max(len(c) for c in conts)

@@ -227,19 +227,23 @@ class SuffixIndex:
                     break
         return tuple(found)
 
-    def continuation(self, position: tuple[int, int], max_tokens: int, cyclic: bool = False) -> np.ndarray:
+    def continuation(self, position: tuple[int, int], max_tokens: int, cyclic: bool = False,
+                     context_end: int | None = None) -> np.ndarray:
         """The tokens that followed an occurrence, up to `max_tokens` (stops at the source end).
 
         `cyclic`: an occurrence in the running context whose continuation runs into the
         context's end predicts its own future: the text from `p` to the end repeats (period
         end - p), as in a list or table that keeps its pattern, or a model stuck in a loop.
+        `context_end`: read the running context as it was when it held that many tokens (what
+        a query made then would have continued with, before later tokens were appended).
         """
         sid, p = position
         src = self._sources[sid]
+        size = src.size if sid != CONTEXT or context_end is None else min(src.size, context_end)
         want = max(0, max_tokens)
-        end = min(src.size, p + want)
+        end = min(size, p + want)
         out = src.tokens[p:end].copy()
-        if cyclic and sid == CONTEXT and end == src.size and len(out) < want and len(out) > 0:
+        if cyclic and sid == CONTEXT and end == size and len(out) < want and len(out) > 0:
             out = np.resize(out, want)  # repeats the period
         return out
 

@@ -344,6 +344,22 @@ def test_follow_majority_ended_occurrences_leave_the_vote():
     assert agreement == pytest.approx([2 / 3, 1.0, 1.0])
 
 
+def test_follow_majority_of_one_token_is_the_first_token_of_a_longer_one():
+    # The one-token path (a dict count, used for the free evidence after a plain decode) must
+    # pick what the general path picks first, with the same agreement, ties to recency.
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        index = SuffixIndex()
+        index.extend(rng.integers(0, 4, size=int(rng.integers(8, 60))).tolist())
+        match = index.query()
+        if match is None:
+            continue
+        one_tokens, one_agreement = _follow_majority(index, match, 1)
+        longer_tokens, longer_agreement = _follow_majority(index, match, 3)
+        assert one_tokens == longer_tokens[:1]
+        assert one_agreement.tolist() == pytest.approx(longer_agreement[:1].tolist())
+
+
 def test_follow_majority_unanimous_prefix_then_split():
     # Continuations: [1, 2, 3], [1, 2, 4], [1, 5, 6], [1, 5, 9].
     # Token 1: unanimous. Token 2: 2 vs 5, two each -> 2 (preferred row first), 2 of 4.

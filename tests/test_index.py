@@ -125,6 +125,16 @@ def test_cyclic_continuation_repeats_the_period_of_the_context_only():
     assert index.continuation((1, 1), 5, cyclic=True).tolist() == [8, 7]  # references are not cyclic
 
 
+def test_continuation_as_of_an_earlier_context_length():
+    index = build([1, 2, 3, 4, 1, 2])
+    index.extend([7, 7])  # emitted after a query made at length 6
+    # As the query saw it: [3, 4, 1, 2] ran into the end, so it repeats; not the 7s added since
+    assert index.continuation((0, 2), 6, cyclic=True, context_end=6).tolist() == [3, 4, 1, 2, 3, 4]
+    assert index.continuation((0, 2), 6, cyclic=True).tolist() == [3, 4, 1, 2, 7, 7]
+    assert index.continuation((0, 2), 6, context_end=6).tolist() == [3, 4, 1, 2]
+    assert index.continuation((0, 2), 6, context_end=99).tolist() == [3, 4, 1, 2, 7, 7]  # capped at the size
+
+
 def test_continuation_is_a_copy():
     index = build([1, 2, 3, 1, 2])
     cont = index.continuation((0, 2), 3)

@@ -134,3 +134,33 @@ def test_priors_command_prints_tables_drafter_py_can_hold(tmp_path, capsys):
         table = np.array(namespace[name])
         assert table.shape == np.array(drafter_module._PRIOR_MEAN).shape
         assert np.all((table >= 0.02) & (table <= 0.995)) and np.all(np.diff(table, axis=-1) >= 0)
+
+
+def test_skipping_matches_that_cannot_pay_changes_no_draft(monkeypatch):
+    # Drafter._may_pay skips building candidates that no draft length could pay for. It is an
+    # exact bound, so every recorded trace must replay pass for pass as without it, and it
+    # must actually skip (else this test proves nothing).
+    traces = json.loads(TRACES.read_text())
+    cost = simulate.pinned_cost(((1, 7.3), (2, 13.0), (4, 17.0), (8, 26.0), (16, 45.0), (32, 80.0), (64, 153.0)))
+    real = Drafter._may_pay
+    skipped = []
+
+    def counting(self, match):
+        paid = real(self, match)
+        skipped.append(not paid)
+        return paid
+
+    def replay_all():
+        out = []
+        for t in traces:
+            r = simulate.replay(t["prompt"], t["output"], Drafter(cost, sampled=t["temperature"] > 0), cost.cost_ms,
+                                t.get("references", ()), t.get("max_tokens"))
+            out.append((r.passes, r.drafted, r.accepted))
+        return out
+
+    monkeypatch.setattr(Drafter, "_may_pay", counting)
+    with_skip = replay_all()
+    monkeypatch.setattr(Drafter, "_may_pay", lambda self, match: True)
+    without_skip = replay_all()
+    assert with_skip == without_skip
+    assert sum(skipped) > len(skipped) // 4
