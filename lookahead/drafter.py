@@ -17,12 +17,26 @@ reaching them, and the size (and width) that maximises E / t(n + 1) is kept, so 
 proposed only where the occurrences disagree and a wider batch pays for itself.
 
 c_i comes from two pieces of evidence:
-* a per-token acceptance estimate for the match's source kind (context or reference) and
-  length, a Beta posterior that starts at a prior measured by replay (see _PRIOR_MEAN) and is
+* a per-token acceptance estimate for the match's kind (context, reference, or a rejoin: see
+  below) and length, a Beta posterior that starts at a prior measured by replay (see _PRIOR_MEAN) and is
   updated from the first step of every request: by the verified drafts and, for free, by
   comparing every step's candidate with the tokens the target then emitted, drafted or not;
 * the agreement of the occurrences: when several earlier occurrences of the suffix continue
   differently, the branch followed carries count(branch) / count(parent) of them.
+
+Rejoining after an edit point: when the output has copied a source for a while and then
+departs from it (a renamed word, a changed line), the suffix match right after the change is
+short, and short matches are weak evidence in general. But a short match whose occurrence lies
+just after the point where the copy left the source (within the tokens emitted since, plus
+REJOIN_SLACK) is the output rejoining its source: it is followed alone and has its own,
+higher, prior row (REJOIN_KIND), measured like the others.
+
+Learned substitutions: at a rejoin the drafter also knows what the change was, the source's
+tokens between the two points (at most MAX_RULE_TOKENS) and the output's tokens instead. A
+rename or a changed path recurs: every later candidate that holds the same source tokens gets
+the output's tokens in their place, so the draft runs through the next edit point instead of
+failing at it. A substitution the target then contradicts is forgotten; a wrong one only
+ever costs a rejected draft, as the verifier keeps the output exact.
 """
 from __future__ import annotations
 
@@ -39,7 +53,20 @@ from .index import CONTEXT, Branch, Match, SuffixIndex
 
 CONTEXT_KIND = 0  # the candidate follows an occurrence in the running context (prompt + output)
 REFERENCE_KIND = 1  # ... in a registered reference
-N_KINDS = 2
+REJOIN_KIND = 2  # ... just after the place where a copy of a source was left (either source)
+N_KINDS = 3
+KIND_NAMES = ("context", "reference", "rejoin")
+
+# Rejoining (see the module doc): a copy of at least REJOIN_RUN tokens that departs from its
+# source leaves an anchor there; for the next REJOIN_WINDOW tokens, a match shorter than
+# REJOIN_BELOW whose text starts from 2 tokens before the anchor to REJOIN_SLACK tokens past
+# it (plus the tokens emitted since) is a rejoin.
+REJOIN_RUN = 8
+REJOIN_SLACK = 32
+REJOIN_BELOW = 16
+REJOIN_WINDOW = 64
+MAX_RULE_TOKENS = 16  # longest source or output span a learned substitution may have
+MAX_RULES = 16  # substitutions kept per request, the newest
 
 # Match-length buckets (upper bounds, inclusive).
 _BUCKET_UPPER = (1, 2, 3, 5, 7, 11, 15, 23, 31, 47, 63, 1 << 30)
@@ -54,12 +81,14 @@ _BUCKET_UPPER = (1, 2, 3, 5, 7, 11, 15, 23, 31, 47, 63, 1 << 30)
 #     .venv/bin/python -m lookahead.simulate priors samples/examples/traces.json
 # The posterior of each request moves away from them with every step.
 _PRIOR_MEAN = (
-    (0.228, 0.539, 0.681, 0.820, 0.837, 0.891, 0.928, 0.956, 0.956, 0.993, 0.993, 0.995),  # context
-    (0.229, 0.539, 0.681, 0.819, 0.837, 0.891, 0.928, 0.956, 0.956, 0.993, 0.993, 0.995),  # reference
+    (0.210, 0.503, 0.646, 0.802, 0.820, 0.868, 0.926, 0.957, 0.957, 0.992, 0.992, 0.995),  # context
+    (0.224, 0.530, 0.670, 0.821, 0.836, 0.894, 0.928, 0.953, 0.953, 0.993, 0.993, 0.995),  # reference
+    (0.276, 0.615, 0.731, 0.863, 0.868, 0.938, 0.938, 0.945, 0.945, 0.995, 0.995, 0.995),  # rejoin
 )
 _PRIOR_MEAN_SAMPLED = (
-    (0.225, 0.492, 0.579, 0.737, 0.817, 0.817, 0.892, 0.926, 0.926, 0.974, 0.985, 0.995),  # context
-    (0.225, 0.492, 0.579, 0.737, 0.817, 0.817, 0.892, 0.926, 0.926, 0.974, 0.985, 0.995),  # reference
+    (0.210, 0.476, 0.537, 0.708, 0.769, 0.815, 0.886, 0.924, 0.924, 0.971, 0.984, 0.995),  # context
+    (0.219, 0.504, 0.593, 0.749, 0.816, 0.816, 0.894, 0.919, 0.925, 0.968, 0.985, 0.995),  # reference
+    (0.250, 0.597, 0.749, 0.834, 0.890, 0.890, 0.906, 0.909, 0.934, 0.954, 0.995, 0.995),  # rejoin
 )
 _PRIOR_STRENGTH = 10.0
 
@@ -296,8 +325,10 @@ class Candidate:
     tokens: list[int]
     agreement: np.ndarray  # [len(tokens)] share of the occurrences that agree on each token
     match_length: int
-    kind: int  # CONTEXT_KIND or REFERENCE_KIND
+    kind: int  # CONTEXT_KIND, REFERENCE_KIND or REJOIN_KIND
     source: int = CONTEXT  # index source of the preferred occurrence
+    position: int = 0  # where in that source its continuation starts
+    substituted: tuple[tuple[int, int, tuple[int, ...]], ...] = ()  # learned substitutions: (start, end, rule)
 
 
 @dataclass
@@ -309,6 +340,7 @@ class _Pending:
     candidate: Candidate | None  # None: not built yet (no draft could pay); built from `match`
     drafted: int  # how many of its tokens were drafted (record() accounts for those)
     match: Match | None = None
+    kind: int = CONTEXT_KIND
 
 
 def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
@@ -355,6 +387,11 @@ class Drafter:
         """Start a new request: forget acceptance history (the cost curve is kept)."""
         self.acceptance = AcceptanceModel(sampled=self.sampled)
         self._pending: _Pending | None = None
+        # Where the last copy left its source: (source, position there, context length then).
+        self._anchor: tuple[int, int, int] | None = None
+        # Learned substitutions: source tokens -> the output's tokens in their place.
+        self.rules: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._rules_by_first: dict[int, list[tuple[int, ...]]] = {}  # the newest first
         # Set by the engine when the backend runs decodes with fewer threads than the curve was
         # measured with (another process took the cores): batches then cost more per token.
         self.contended = False
@@ -380,16 +417,19 @@ class Drafter:
         match = index.query()
         if tree and self.tree_width > 1 and match is not None and len(match.positions) > 1:
             return self._propose_tree(index, match, limit)
-        if match is not None and not self._may_pay(match):
+        if match is None:
+            return EMPTY_DRAFT
+        match, kind = self._classify(index, match)
+        if not self._may_pay(match, kind):
             # No draft of this match can pay, whatever its tokens: skip building the candidate
             # (following the occurrences is most of a step's drafting time); `_learn` builds
             # the few tokens it compares with the emitted ones.
-            self._pending = _Pending(index, len(index), None, 0, match)
+            self._pending = _Pending(index, len(index), None, 0, match, kind)
             return EMPTY_DRAFT
-        cand = self._candidate(index, match, limit)
+        cand = self._candidate(index, match, limit, kind)
         if cand is None:
             return EMPTY_DRAFT
-        self._pending = _Pending(index, len(index), cand, 0)
+        self._pending = _Pending(index, len(index), cand, 0, match, kind)
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
         rates = self.acceptance.rates(cand.kind, cand.match_length + np.arange(len(cand.tokens)))
@@ -397,10 +437,77 @@ class Drafter:
         self._pending.drafted = k
         if k == 0:
             return EMPTY_DRAFT
-        return Draft(cand.tokens[:k], cand.match_length, cand.kind == REFERENCE_KIND, expected, kind=cand.kind,
+        return Draft(cand.tokens[:k], cand.match_length, cand.source != CONTEXT, expected, kind=cand.kind,
                      source=cand.source, sources=index.sources_containing(cand.tokens[:k]))
 
-    def _may_pay(self, match: Match) -> bool:
+    def _classify(self, index: SuffixIndex, match: Match) -> tuple[Match, int]:
+        """The match to follow and its kind: a rejoin (that occurrence alone) or its source's."""
+        anchor = self._anchor
+        if anchor is not None and match.length < REJOIN_BELOW:
+            source, left_at, context_length = anchor
+            since = len(index) - context_length
+            if since > REJOIN_WINDOW:
+                self._anchor = None
+            else:
+                for sid, p in match.positions:
+                    if sid == source and left_at - 2 <= p - match.length <= left_at + since + REJOIN_SLACK:
+                        if match.length >= 2:
+                            self._learn_rule(index, sid, left_at, p - match.length, context_length,
+                                             len(index) - match.length)
+                        return Match(match.length, ((sid, p),)), REJOIN_KIND
+        return match, CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
+
+    def _learn_rule(self, index: SuffixIndex, source: int, left_at: int, rejoined_at: int, context_left: int,
+                    context_rejoined: int) -> None:
+        """The output replaced source[left_at:rejoined_at] by context[context_left:context_rejoined]."""
+        if not (left_at < rejoined_at <= left_at + MAX_RULE_TOKENS
+                and context_left <= context_rejoined <= context_left + MAX_RULE_TOKENS):
+            return
+        key = tuple(index.source_tokens(source)[left_at:rejoined_at].tolist())
+        value = tuple(index.context()[context_left:context_rejoined].tolist())
+        if key == value or self.rules.get(key) == value:
+            return
+        self.rules.pop(key, None)
+        self.rules[key] = value
+        while len(self.rules) > MAX_RULES:
+            del self.rules[next(iter(self.rules))]
+        self._index_rules()
+
+    def _forget_rule(self, key: tuple[int, ...]) -> None:
+        if self.rules.pop(key, None) is not None:
+            self._index_rules()
+
+    def _index_rules(self) -> None:
+        self._rules_by_first = {}
+        for key in reversed(self.rules):
+            self._rules_by_first.setdefault(key[0], []).append(key)
+
+    def _substitute(self, tokens: list[int], agreement: np.ndarray, limit: int
+                    ) -> tuple[list[int], np.ndarray, tuple[tuple[int, int, tuple[int, ...]], ...]]:
+        """Apply the learned substitutions to a candidate's tokens; also where each one landed:
+        (start, end, rule) in the returned tokens."""
+        out: list[int] = []
+        agree: list[float] = []
+        spans: list[tuple[int, int, tuple[int, ...]]] = []
+        i = 0
+        while i < len(tokens) and len(out) < limit:
+            for key in self._rules_by_first.get(tokens[i], ()):
+                if tuple(tokens[i : i + len(key)]) == key:
+                    replacement = self.rules[key]
+                    spans.append((len(out), len(out) + len(replacement), key))
+                    out.extend(replacement)
+                    agree.extend([float(agreement[i])] * len(replacement))
+                    i += len(key)
+                    break
+            else:
+                out.append(tokens[i])
+                agree.append(float(agreement[i]))
+                i += 1
+        if not spans:
+            return tokens, agreement, ()
+        return out[:limit], np.array(agree[:limit]), tuple(spans)
+
+    def _may_pay(self, match: Match, kind: int) -> bool:
         """Whether some draft of `match` could beat a plain decode by `min_gain`.
 
         An upper bound that needs no candidate: the first token is accepted with probability
@@ -415,7 +522,6 @@ class Drafter:
             need = (self.min_gain * curve[k + 1] / curve[1] - 1.0) / k if len(k) else np.array([np.inf])
             self._threshold = float(need.min())
             self._threshold_curve = curve
-        kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
         return self.acceptance.rate(kind, match.length) >= self._threshold
 
     def candidate(self, index: SuffixIndex, limit: int) -> Candidate | None:
@@ -425,9 +531,13 @@ class Drafter:
         `note_drafted` afterwards if some of its tokens are then drafted."""
         self._learn(index)
         limit = min(limit, self.max_draft, self.cost.max_batch - 1)
-        cand = self._candidate(index, index.query(), limit) if limit > 0 else None
+        match = index.query() if limit > 0 else None
+        if match is None:
+            return None
+        match, kind = self._classify(index, match)
+        cand = self._candidate(index, match, limit, kind)
         if cand is not None:
-            self._pending = _Pending(index, len(index), cand, 0)
+            self._pending = _Pending(index, len(index), cand, 0, match, kind)
         return cand
 
     def note_drafted(self, drafted: int) -> None:
@@ -435,15 +545,15 @@ class Drafter:
         if self._pending is not None:
             self._pending.drafted = drafted
 
-    def _candidate(self, index: SuffixIndex, match: Match | None, limit: int,
+    def _candidate(self, index: SuffixIndex, match: Match, limit: int, kind: int,
                    context_end: int | None = None) -> Candidate | None:
-        if match is None:
-            return None
         tokens, agreement = _follow_majority(index, match, limit, context_end)
+        spans: tuple = ()
+        if self._rules_by_first and tokens:
+            tokens, agreement, spans = self._substitute(tokens, agreement, limit)
         if not tokens:
             return None
-        kind = CONTEXT_KIND if match.positions[0][0] == CONTEXT else REFERENCE_KIND
-        return Candidate(tokens, agreement, match.length, kind, match.positions[0][0])
+        return Candidate(tokens, agreement, match.length, kind, *match.positions[0], substituted=spans)
 
     def _propose_tree(self, index: SuffixIndex, match: Match, limit: int) -> Draft:
         """Best-first tree over the occurrences' continuations, sized by the cost curve.
@@ -530,13 +640,31 @@ class Drafter:
         emitted = index.context()[pending.at :]
         cand, skip = pending.candidate, pending.drafted
         if cand is None:  # skipped by propose: only the tokens that can be compared are needed
-            cand = self._candidate(index, pending.match, len(emitted), context_end=pending.at)
+            cand = self._candidate(index, pending.match, len(emitted), pending.kind, context_end=pending.at)
             if cand is None:
                 return
         agree = _agreeing_prefix(cand.tokens, emitted)
         tested = min(len(cand.tokens), len(emitted))
+        if agree < tested:
+            for start, end, key in cand.substituted:
+                if start <= agree < end:  # the target wrote something else than the substitution
+                    self._forget_rule(key)
+            if cand.match_length + agree >= REJOIN_RUN:  # a copy left its source here
+                self._anchor = (cand.source, cand.position + _source_offset(cand.substituted, agree),
+                                pending.at + agree)
         if agree >= skip and tested > skip:  # the positions past what record() counted
             self.acceptance.update(cand.kind, cand.match_length + skip, tested - skip, agree - skip)
+
+
+def _source_offset(substituted: tuple[tuple[int, int, tuple[int, ...]], ...], i: int) -> int:
+    """Where candidate token i came from, counted from the candidate's source position, given
+    the substitutions made in it ((start, end, rule) each; a token inside one maps to its start)."""
+    shift = 0
+    for start, end, key in substituted:
+        if i < end:
+            return (min(i, start) if i >= start else i) + shift
+        shift += len(key) - (end - start)
+    return i + shift
 
 
 def _agreeing_prefix(tokens: list[int], emitted: np.ndarray) -> int:

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafter import _BUCKET_UPPER, N_KINDS, CostModel, Draft, Drafter, _bucket
+from .drafter import _BUCKET_UPPER, KIND_NAMES, N_KINDS, CostModel, Draft, Drafter, _bucket
 from .index import SuffixIndex
 
 # Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core CPU with
@@ -260,7 +260,7 @@ def format_report(summary: dict[str, dict[str, float]]) -> str:
 
 def format_priors(name: str, rates: np.ndarray) -> str:
     """The table as drafter.py spells it: one row per source kind."""
-    rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(("context", "reference"), rates)]
+    rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(KIND_NAMES, rates)]
     return "\n".join([f"{name} = (", *rows, ")"])
 
 

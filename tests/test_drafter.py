@@ -747,3 +747,81 @@ def test_a_contended_drafter_prices_batches_higher():
     assert best_length(confidences, drafter._curve(), 1.1)[0] == 0
     drafter.reset()
     assert not drafter.contended
+
+
+# --- rejoining a source after an edit point, and learned substitutions ------------------------
+
+def _step_through(drafter, index, output, limit=40):
+    """Feed `output` one token at a time as the engine would after plain decodes; the
+    candidate before each token."""
+    cands = []
+    for token in output:
+        cands.append(drafter.candidate(index, limit))
+        index.extend([token])
+    return cands
+
+
+def test_a_short_match_just_after_where_a_copy_left_its_source_is_a_rejoin():
+    from lookahead.drafter import CONTEXT_KIND, REJOIN_KIND
+
+    source = list(range(100, 160))
+    index = SuffixIndex()
+    index.extend([1, *source, 2])
+    drafter = Drafter(steep_cost())
+    # Copy 100..119, write 500 501 instead of 120, then go on with 121 122 123
+    cands = _step_through(drafter, index, [*source[:20], 500, 501, 121, 122, 123])
+    assert cands[10].kind == CONTEXT_KIND and cands[10].tokens[:3] == [110, 111, 112]
+    # after 121 (a match of 1) and 121 122 (of 2), near the anchor at 120: rejoins
+    assert cands[23].kind == REJOIN_KIND and cands[23].tokens[:2] == [122, 123]
+    assert cands[24].kind == REJOIN_KIND and cands[24].match_length == 2
+    # the change was learned: 120 -> 500 501
+    assert drafter.rules == {(120,): (500, 501)}
+
+
+def test_a_match_far_from_the_anchor_is_not_a_rejoin():
+    from lookahead.drafter import CONTEXT_KIND
+
+    source = list(range(100, 200))
+    index = SuffixIndex()
+    index.extend([1, *source, 2])
+    drafter = Drafter(steep_cost())
+    # Copy 100..119, write 500, then jump to 180 181 182 (60 tokens on, beyond the slack)
+    cands = _step_through(drafter, index, [*source[:20], 500, 180, 181, 182])
+    assert cands[-1].kind == CONTEXT_KIND and not drafter.rules
+
+
+def test_a_learned_substitution_is_drafted_at_the_next_occurrence():
+    # The source mentions 7 twice; the output renamed the first to 8 8 and rejoined.
+    source = [*range(100, 120), 7, *range(120, 140), 7, *range(140, 150)]
+    index = SuffixIndex()
+    index.extend([1, *source, 2])
+    drafter = Drafter(linear_cost(10.0, 0.0))  # flat: everything that matches is drafted
+    output = [*range(100, 120), 8, 8, *range(120, 130)]
+    _step_through(drafter, index, output)
+    assert drafter.rules == {(7,): (8, 8)}
+    cand = drafter.candidate(index, 20)
+    # 130..139 from the source, then 8 8 where the source has 7, then the source again
+    assert cand.tokens == [*range(130, 140), 8, 8, *range(140, 148)]
+    assert cand.substituted == ((10, 12, (7,)),)
+    draft = drafter.propose(index, 20)
+    assert draft.tokens[10:12] == [8, 8]
+
+
+def test_a_substitution_the_target_contradicts_is_forgotten():
+    source = [*range(100, 120), 7, *range(120, 140), 7, *range(140, 150)]
+    index = SuffixIndex()
+    index.extend([1, *source, 2])
+    drafter = Drafter(linear_cost(10.0, 0.0))
+    _step_through(drafter, index, [*range(100, 120), 8, 8, *range(120, 140)])
+    assert drafter.rules == {(7,): (8, 8)}
+    # This time the output keeps the 7: the candidate said 8, so the rule goes
+    _step_through(drafter, index, [7, 140])
+    assert drafter.rules == {}
+
+
+def test_source_offset_maps_candidate_tokens_back_through_substitutions():
+    from lookahead.drafter import _source_offset
+
+    spans = ((2, 4, (7,)), (6, 6, (9, 9)))  # 7 -> two tokens at 2..3; 9 9 -> nothing at 6
+    assert [_source_offset(spans, i) for i in range(9)] == [0, 1, 2, 2, 3, 4, 7, 8, 9]
+    assert [_source_offset((), i) for i in range(3)] == [0, 1, 2]

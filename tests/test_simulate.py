@@ -145,8 +145,8 @@ def test_skipping_matches_that_cannot_pay_changes_no_draft(monkeypatch):
     real = Drafter._may_pay
     skipped = []
 
-    def counting(self, match):
-        paid = real(self, match)
+    def counting(self, *args):
+        paid = real(self, *args)
         skipped.append(not paid)
         return paid
 
@@ -160,7 +160,27 @@ def test_skipping_matches_that_cannot_pay_changes_no_draft(monkeypatch):
 
     monkeypatch.setattr(Drafter, "_may_pay", counting)
     with_skip = replay_all()
-    monkeypatch.setattr(Drafter, "_may_pay", lambda self, match: True)
+    monkeypatch.setattr(Drafter, "_may_pay", lambda self, *args: True)
     without_skip = replay_all()
     assert with_skip == without_skip
     assert sum(skipped) > len(skipped) // 4
+
+
+COPY_EDITS = TRACES.parent / "copy_edit_traces.json"
+
+
+def test_learned_substitutions_save_passes_on_renames(monkeypatch):
+    # The synthetic whole-file edits (samples/examples/copy_edit_traces.py): a rename recurs,
+    # and drafting through the later occurrences takes fewer target passes than failing at each.
+    traces = {t["id"]: t for t in json.loads(COPY_EDITS.read_text())}
+    cost = simulate.pinned_cost(((1, 7.6), (2, 14.0), (4, 19.0), (8, 29.0), (16, 50.0), (32, 91.0), (64, 175.0)))
+
+    def passes(trace_id):
+        t = traces[trace_id]
+        return simulate.replay(t["prompt"], t["output"], Drafter(cost), cost.cost_ms, (), t["max_tokens"]).passes
+
+    ids = ("copy-rename-counts", "copy-rename-backoff", "copy-backup-path")
+    with_rules = [passes(i) for i in ids]
+    monkeypatch.setattr(drafter_module, "MAX_RULES", 0)
+    without = [passes(i) for i in ids]
+    assert all(w < wo for w, wo in zip(with_rules, without)), (with_rules, without)
