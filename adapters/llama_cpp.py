@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
 import time
 import weakref
 from collections import deque
@@ -620,8 +621,9 @@ class LlamaCppTarget:
         cost = _COST_MODELS.get(self.llm)
         if cost is not None and cost.calibrated:
             baseline = min(baseline, cost.cost_ms(1) / 1000)
-        if (float(np.median(self._shares)) < CONTENTION_SHARE
-                and float(np.median(self._walls)) > CONTENTION_SLOWDOWN * baseline):
+        # (statistics.median: a dozen values, at every decode; numpy's costs tens of microseconds)
+        if (statistics.median(self._shares) < CONTENTION_SHARE
+                and statistics.median(self._walls) > CONTENTION_SLOWDOWN * baseline):
             self.contended = True
             _CONTENDED_UNTIL[self.llm] = time.monotonic() + CONTENTION_HOLD_S
             own = self._llama_threads[0] if self._llama_threads is not None else int(self.llm.n_threads)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,7 @@ class CostModel:
         self._ms = np.full(self.max_batch + 1, np.nan)  # [n] windowed median decode time of n tokens
         self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
         self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+        self._built_ms = self._ms.copy()  # the _ms the cached curve was built from
         # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
         self._restored: dict[int, float] = {}
         self._checks: list[float] = []
@@ -149,9 +151,15 @@ class CostModel:
             return
         recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
         recent.append(float(ms))
-        self._ms[n_tokens] = float(np.median(recent))
+        median = statistics.median(recent)  # a few values: faster than numpy's, the same result
+        self._ms[n_tokens] = median
         self._seen[n_tokens] += 1
-        self._curve = None
+        # Rebuild the curve (and what depends on it) only when a size moved by more than
+        # CURVE_TOLERANCE since the curve was built: a one-token decode is timed at every
+        # step, and a rebuild at every step cost more than the drafting itself.
+        built = self._built_ms[n_tokens]
+        if not abs(median - built) <= CURVE_TOLERANCE * built:  # (NaN: a new size)
+            self._curve = None
 
     def _probation(self, n_tokens: int, ms: float) -> bool:
         """Compare a real timing with the restored curve; True if the curve was just dropped."""
@@ -210,6 +218,7 @@ class CostModel:
         """t(n) for n = 0..max_batch (index 0 unused), in ms."""
         if self._curve is not None:
             return self._curve
+        self._built_ms = self._ms.copy()
         sizes = np.flatnonzero(self._seen)
         n = np.arange(self.max_batch + 1, dtype=np.float64)
         if len(sizes) == 0:
@@ -240,6 +249,10 @@ class CostModel:
 
     def cost_ms(self, n_tokens: int) -> float:
         return float(self.curve()[min(max(n_tokens, 1), self.max_batch)])
+
+
+# A measured size moves the cost curve when its median drifts by more than this share.
+CURVE_TOLERANCE = 0.01
 
 
 # How much dearer a batch is, against one token, with the Llama's own threads (half the cores)
