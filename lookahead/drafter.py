@@ -675,7 +675,7 @@ def _source_offset(substituted: tuple[tuple[int, int, tuple[int, ...]], ...], i:
     shift = 0
     for start, end, key in substituted:
         if i < end:
-            return (min(i, start) if i >= start else i) + shift
+            return min(i, start) + shift
         shift += len(key) - (end - start)
     return i + shift
 
