@@ -35,8 +35,9 @@ Learned substitutions: at a rejoin the drafter also knows what the change was, t
 tokens between the two points (at most MAX_RULE_TOKENS) and the output's tokens instead. A
 rename or a changed path recurs: every later candidate that holds the same source tokens gets
 the output's tokens in their place, so the draft runs through the next edit point instead of
-failing at it. A substitution the target then contradicts is forgotten; a wrong one only
-ever costs a rejected draft, as the verifier keeps the output exact.
+failing at it. Deletions are not learned, and a substitution the target contradicts is
+dropped for the rest of the request (an edit made once, a number that counts up); a wrong one
+only ever costs a rejected draft, as the verifier keeps the output exact.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ REJOIN_RUN = 8
 REJOIN_SLACK = 32
 REJOIN_BELOW = 16
 REJOIN_WINDOW = 64
-MAX_RULE_TOKENS = 16  # longest source or output span a learned substitution may have
+MAX_RULE_TOKENS = 6  # longest source or output span a learned substitution may have (a name, a path)
 MAX_RULES = 16  # substitutions kept per request, the newest
 
 # Match-length buckets (upper bounds, inclusive).
@@ -82,14 +83,14 @@ _BUCKET_UPPER = (1, 2, 3, 5, 7, 11, 15, 23, 31, 47, 63, 1 << 30)
 #     .venv/bin/python -m lookahead.simulate priors samples/examples/traces.json
 # The posterior of each request moves away from them with every step.
 _PRIOR_MEAN = (
-    (0.210, 0.503, 0.646, 0.802, 0.820, 0.868, 0.926, 0.957, 0.957, 0.992, 0.992, 0.995),  # context
-    (0.224, 0.530, 0.670, 0.821, 0.836, 0.894, 0.928, 0.953, 0.953, 0.993, 0.993, 0.995),  # reference
-    (0.276, 0.615, 0.731, 0.863, 0.868, 0.938, 0.938, 0.945, 0.945, 0.995, 0.995, 0.995),  # rejoin
+    (0.210, 0.503, 0.647, 0.802, 0.820, 0.868, 0.926, 0.954, 0.954, 0.993, 0.993, 0.995),  # context
+    (0.224, 0.530, 0.678, 0.822, 0.836, 0.894, 0.928, 0.953, 0.953, 0.993, 0.993, 0.995),  # reference
+    (0.276, 0.615, 0.758, 0.864, 0.867, 0.938, 0.938, 0.951, 0.951, 0.991, 0.995, 0.995),  # rejoin
 )
 _PRIOR_MEAN_SAMPLED = (
-    (0.210, 0.476, 0.537, 0.708, 0.769, 0.815, 0.886, 0.924, 0.924, 0.971, 0.984, 0.995),  # context
-    (0.219, 0.504, 0.593, 0.749, 0.816, 0.816, 0.894, 0.919, 0.925, 0.968, 0.985, 0.995),  # reference
-    (0.250, 0.597, 0.749, 0.834, 0.890, 0.890, 0.906, 0.909, 0.934, 0.954, 0.995, 0.995),  # rejoin
+    (0.210, 0.477, 0.539, 0.710, 0.773, 0.809, 0.885, 0.933, 0.933, 0.975, 0.984, 0.995),  # context
+    (0.220, 0.505, 0.594, 0.750, 0.818, 0.818, 0.898, 0.924, 0.924, 0.972, 0.985, 0.995),  # reference
+    (0.253, 0.597, 0.751, 0.833, 0.890, 0.890, 0.918, 0.918, 0.934, 0.954, 0.995, 0.995),  # rejoin
 )
 _PRIOR_STRENGTH = 10.0
 
@@ -405,6 +406,7 @@ class Drafter:
         # Learned substitutions: source tokens -> the output's tokens in their place.
         self.rules: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._rules_by_first: dict[int, list[tuple[int, ...]]] = {}  # the newest first
+        self._contradicted: set[tuple[int, ...]] = set()  # keys of rules the target contradicted
         # Set by the engine when the backend runs decodes with fewer threads than the curve was
         # measured with (another process took the cores): batches then cost more per token.
         self.contended = False
@@ -474,11 +476,11 @@ class Drafter:
                     context_rejoined: int) -> None:
         """The output replaced source[left_at:rejoined_at] by context[context_left:context_rejoined]."""
         if not (left_at < rejoined_at <= left_at + MAX_RULE_TOKENS
-                and context_left <= context_rejoined <= context_left + MAX_RULE_TOKENS):
-            return
+                and context_left < context_rejoined <= context_left + MAX_RULE_TOKENS):
+            return  # (a deletion is not learned: dropping a token wherever it recurs is rarely right)
         key = tuple(index.source_tokens(source)[left_at:rejoined_at].tolist())
         value = tuple(index.context()[context_left:context_rejoined].tolist())
-        if key == value or self.rules.get(key) == value:
+        if key == value or self.rules.get(key) == value or key in self._contradicted:
             return
         self.rules.pop(key, None)
         self.rules[key] = value
@@ -487,6 +489,9 @@ class Drafter:
         self._index_rules()
 
     def _forget_rule(self, key: tuple[int, ...]) -> None:
+        """The target wrote something else where the rule for `key` applied: drop it for the
+        rest of the request (an edit the model does not repeat, or a number that counts up)."""
+        self._contradicted.add(key)
         if self.rules.pop(key, None) is not None:
             self._index_rules()
 

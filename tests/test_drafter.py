@@ -817,6 +817,21 @@ def test_a_substitution_the_target_contradicts_is_forgotten():
     # This time the output keeps the 7: the candidate said 8, so the rule goes
     _step_through(drafter, index, [7, 140])
     assert drafter.rules == {}
+    # ... for the rest of the request: the same change seen again is not learned again
+    drafter._learn_rule(index, 0, 21, 22, len(index) - 3, len(index) - 1)
+    assert drafter.rules == {}
+
+
+def test_a_deletion_is_not_learned():
+    from lookahead.drafter import REJOIN_KIND
+
+    source = [*range(100, 120), 7, *range(120, 140)]
+    index = SuffixIndex()
+    index.extend([1, *source, 2])
+    drafter = Drafter(linear_cost(10.0, 0.0))
+    # the output drops the 7 and rejoins at once: a rejoin, but no rule
+    cands = _step_through(drafter, index, [*range(100, 120), *range(120, 126)])
+    assert cands[-1].kind == REJOIN_KIND and drafter.rules == {}
 
 
 def test_source_offset_maps_candidate_tokens_back_through_substitutions():
