@@ -184,3 +184,40 @@ def test_learned_substitutions_save_passes_on_renames(monkeypatch):
     monkeypatch.setattr(drafter_module, "MAX_RULES", 0)
     without = [passes(i) for i in ids]
     assert all(w < wo for w, wo in zip(with_rules, without)), (with_rules, without)
+
+
+def test_replay_of_randomly_edited_copies_runs_through(monkeypatch):
+    # Copies with random substitutions, insertions and deletions, small vocabularies (many
+    # short matches, many rejoins and learned rules), with and without a reference: every
+    # replay must emit exactly the output, and rules must actually have been learned.
+    rng = np.random.default_rng(0)
+    cost = simulate.pinned_cost(((1, 10.0), (64, 12.0)))  # nearly flat: drafts at every chance
+    learned = []
+    real = Drafter._learn_rule
+
+    def counting(self, *args):
+        before = len(self.rules)
+        real(self, *args)
+        learned.append(len(self.rules) > before)
+
+    monkeypatch.setattr(Drafter, "_learn_rule", counting)
+    for trial in range(120):
+        vocab = int(rng.integers(3, 30))
+        source = rng.integers(0, vocab, size=int(rng.integers(5, 200))).tolist()
+        output = []
+        for token in source:
+            r = rng.random()
+            if r < 0.05:
+                continue
+            output.extend([int(rng.integers(0, vocab))] if r < 0.12 else [token, int(rng.integers(0, vocab))]
+                          if r < 0.15 else [token])
+        if not output:
+            continue
+        refs = [source[: len(source) // 2]] if trial % 3 == 0 else []
+        prompt = source if trial % 3 else [1, 2]
+        r = simulate.replay(prompt, output, Drafter(cost, sampled=bool(trial % 2)), cost.cost_ms, refs,
+                            len(output) + int(rng.integers(0, 5)))
+        o = simulate.replay_oracle(prompt, output, Drafter(cost), cost.cost_ms, refs)
+        assert r.tokens == len(output) and o.tokens == len(output)
+        assert o.time_ms <= r.time_ms + 1e-9
+    assert any(learned)
