@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ import click
 
 from ..options import dist_version
 from .measures import _round, geometric_mean, rotated, workload_seed
-from .llama_server import wait_for_health
+from .llama_server import ServerProcess, free_port
 from .methods import WARMUP_TOKENS
 from .table import align
 
@@ -314,15 +313,13 @@ def check_server(url: str, api_key: str | None) -> dict:
     return {"model": models["data"][0]["id"], "n_ctx": health.get("n_ctx")}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
+class ServeProcess(ServerProcess):
     """`lookahead serve` on a free 127.0.0.1 port, with the bench's model options; its log goes
     to a temporary file, shown if it fails to start. `close()` stops it."""
+
+    READY_TIMEOUT_S = 600.0
+    LOG_TAIL_CHARS = 1500
+    STOP_TIMEOUT_S = 20.0
 
     def __init__(self, model_path: Path, n_ctx: int, threads: int | None, gpu_layers: int):
         self.port = free_port()
@@ -336,27 +333,6 @@ class ServeProcess:
         env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_API_KEY"}  # no key: a private server
         self.process = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.DEVNULL,
                                         stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 600.0) -> None:
-        wait_for_health(self.process, self.url, " ".join(self.args), self.log_tail, timeout_s)
-
-    def log_tail(self, chars: int = 1500) -> str:
-        self.log.seek(0)
-        return self.log.read()[-chars:]
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
 
 
 # ---- the run ---------------------------------------------------------------------------------------

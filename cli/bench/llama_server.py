@@ -34,7 +34,53 @@ def wait_for_health(process: subprocess.Popen, url: str, command: str, log_tail:
     raise click.ClickException(f"`{command}` not ready after {timeout_s:.0f} s:\n{log_tail()}")
 
 
-class LlamaServer:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server process the bench starts on 127.0.0.1: its URL, readiness, log and stop.
+
+    A subclass sets `port`, `args` (the command, for messages), `log` (a temporary file the
+    process writes to: a pipe read only at exit fills up and stalls a chatty server) and
+    `process`; the class attributes are its defaults.
+    """
+
+    READY_TIMEOUT_S = 180.0
+    LOG_TAIL_CHARS = 800
+    STOP_TIMEOUT_S = 10.0
+    port: int
+    args: list[str]
+    log: "tempfile._TemporaryFileWrapper[str]"
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        wait_for_health(self.process, self.url, " ".join(self.args), self.log_tail,
+                        self.READY_TIMEOUT_S if timeout_s is None else timeout_s)
+
+    def log_tail(self, chars: int | None = None) -> str:
+        self.log.seek(0)
+        return self.log.read()[-(self.LOG_TAIL_CHARS if chars is None else chars):]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=self.STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+class LlamaServer(ServerProcess):
     """One llama-server process on 127.0.0.1, plain or with one --spec-type.
 
     Uses llama.cpp's server API (/health, /completion, /v1/chat/completions, `cache_prompt`,
@@ -45,30 +91,15 @@ class LlamaServer:
 
     def __init__(self, binary: Path, model_path: Path, n_ctx: int, threads: int, gpu_layers: int,
                  spec_type: str | None):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.spec_type = spec_type
         args = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
                 "-c", str(n_ctx), "-t", str(threads), "-ngl", str(gpu_layers)]
         if spec_type:
             args += ["--spec-type", spec_type]
         self.args = args
-        # Its log goes to a file, not a pipe: a pipe read only at exit fills up and stalls a
-        # chatty server.
         self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        wait_for_health(self.process, self.url, " ".join(self.args), self.log_tail, timeout_s)
-
-    def log_tail(self, chars: int = 800) -> str:
-        self.log.seek(0)
-        return self.log.read()[-chars:]
 
     def post(self, route: str, body: dict) -> dict:
         request = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
@@ -95,13 +126,3 @@ class LlamaServer:
             run.output_tokens = n
             run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
         return run
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
