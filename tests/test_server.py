@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from conftest import SAMPLES
+from lookahead.cli.bench.llama_server import free_port
 
 BIN = Path(sys.executable).parent / "lookahead"
 KEY = "test-key-7f3a"
@@ -27,12 +28,6 @@ N_CTX = 1024
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 HELLO = [{"role": "user", "content": "Name three colours."}]
 pytestmark = pytest.mark.model
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
