@@ -447,6 +447,22 @@ def test_cache_prompt_false_pays_the_whole_prefill(client):
     assert streamed[-1].usage.prompt_tokens_details.cached_tokens == 0
 
 
+def abandon_mid_decode(server: str, route: str, body: dict, deadline: float) -> None:
+    """POST `body` (not streamed) over a raw socket and close it once the server is decoding:
+    a client that leaves without reading its answer (httpx would wait for the whole body)."""
+    raw = json.dumps(body).encode()
+    host, port = server.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"POST {route} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    try:
+        while not health(server)["decoding"]:
+            assert time.monotonic() < deadline, f"the request to {route} never started decoding"
+            time.sleep(0.02)
+    finally:
+        sock.close()
+
+
 def test_a_non_streamed_request_whose_client_leaves_is_stopped(server, client, local):
     """The client closes its connection while a long non-streamed completion decodes: the
     generation is stopped (the `cancelled` counter), and the next answer is right."""
@@ -455,19 +471,8 @@ def test_a_non_streamed_request_whose_client_leaves_is_stopped(server, client, l
         assert time.monotonic() < deadline, h
         time.sleep(0.1)
     before = h
-    body = json.dumps({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": N_CTX - 64,
-                       "temperature": 0}).encode()
-    host, port = server.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: Bearer "
-                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                 + str(len(body)).encode() + b"\r\n\r\n" + body)
-    try:
-        while not health(server)["decoding"]:
-            assert time.monotonic() < deadline, "the request never started decoding"
-            time.sleep(0.02)
-    finally:
-        sock.close()
+    abandon_mid_decode(server, "/v1/completions", {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,",
+                                                    "max_tokens": N_CTX - 64, "temperature": 0}, deadline)
     while health(server)["cancelled"] == before["cancelled"]:
         assert time.monotonic() < deadline, "the abandoned non-streamed request was never stopped"
         time.sleep(0.1)
@@ -628,18 +633,7 @@ def test_edit_whose_client_leaves_is_stopped_then_next_answer_is_right(server, l
     middle = wait_idle(server)
     assert middle["served"] == before["served"] + 1 and middle["cancelled"] == before["cancelled"] + 1
 
-    raw = json.dumps(body).encode()
-    host, port = server.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/lookahead/edits HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: Bearer "
-                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                 + str(len(raw)).encode() + b"\r\n\r\n" + raw)
-    try:
-        while not health(server)["decoding"]:
-            assert time.monotonic() < deadline, "the edit never started decoding"
-            time.sleep(0.02)
-    finally:
-        sock.close()
+    abandon_mid_decode(server, "/v1/lookahead/edits", body, deadline)
     while health(server)["cancelled"] == middle["cancelled"]:
         assert time.monotonic() < deadline, "the abandoned non-streamed edit was never stopped"
         time.sleep(0.1)
