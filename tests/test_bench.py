@@ -175,6 +175,16 @@ def test_summarise_orders_categories_then_all_per_temperature():
 
 
 # ---- workloads file ------------------------------------------------------------------------
+def _copy_and_raw_workloads(repeats):
+    """The end-to-end runs' two workloads: a chat that copies a text, a raw prompt."""
+    text = "The quick brown fox jumps over the lazy dog. " * repeats
+    return [
+        {"id": "copy-chat", "category": "edit", "max_tokens": 64,
+         "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]},
+        {"id": "raw-prompt", "category": "open", "max_tokens": 64, "prompt": "Once upon a time"},
+    ]
+
+
 def _write(tmp_path, rows, name="w.jsonl"):
     path = tmp_path / name
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
@@ -234,12 +244,7 @@ def test_bench_help_lists_its_options():
 # ---- end to end ----------------------------------------------------------------------------
 @pytest.mark.model
 def test_bench_end_to_end_json_and_plot(tmp_path):
-    text = "The quick brown fox jumps over the lazy dog. " * 4
-    path = _write(tmp_path, [
-        {"id": "copy-chat", "category": "edit", "max_tokens": 64,
-         "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]},
-        {"id": "raw-prompt", "category": "open", "max_tokens": 64, "prompt": "Once upon a time"},
-    ])
+    path = _write(tmp_path, _copy_and_raw_workloads(repeats=4))
     png = tmp_path / "bench.png"
     out = subprocess.run([str(BIN), "bench", str(path), "--reps", "1", "--max-tokens", "16", "--methods", "plain",
                           "--methods", "lookahead", "--json", "--plot", str(png), "--n-ctx", "1024"],
@@ -432,12 +437,7 @@ def test_bench_serve_end_to_end(tmp_path):
     """--serve: a real `lookahead serve` started and stopped by the bench, three methods per workload."""
     from lookahead.cli.bench.http import HTTP_METHODS, HTTP_PLAIN, HTTP_PREDICTION
 
-    text = "The quick brown fox jumps over the lazy dog. " * 3
-    path = _write(tmp_path, [
-        {"id": "copy-chat", "category": "edit", "max_tokens": 64,
-         "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]},
-        {"id": "raw-prompt", "category": "open", "max_tokens": 64, "prompt": "Once upon a time"},
-    ])
+    path = _write(tmp_path, _copy_and_raw_workloads(repeats=3))
     out = subprocess.run([str(BIN), "bench", str(path), "--serve", "--reps", "1", "--max-tokens", "12",
                           "--n-ctx", "512", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
