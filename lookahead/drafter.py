@@ -105,10 +105,26 @@ def _bucket(match_length: int) -> int:
 class CostModel:
     """Verify cost t(n), in ms, of one decode of n tokens; learned from observed decodes.
 
-    Sizes that were observed use the median of their recent timings. Other sizes
-    are interpolated linearly between observed neighbours; beyond the largest observed size
-    the curve is extrapolated with the slope of its last segment (or `prior_slope` times t(1)
-    when only one size was seen).
+    Attention makes every decode dearer as the context grows (measured here, SmolLM2-135M
+    Q4_1, 2 threads: t(1) 7.6 ms at position 200, 9.6 at 1000, 10.9 at 1400; t(32) 95 ->
+    124 -> 133), and a shared machine speeds up and slows down. The ratio t(n) / t(1) at one
+    position hardly moves (t(32) / t(1): 12.5, 12.9, 12.2 at those positions), and drafting
+    decisions depend on nothing else. So the model keeps two things apart:
+
+    * the scale: the median of the last `window` one-token decodes, which are timed at
+      nearly every step, so it follows the request's position and the machine's state;
+    * the shape: each size's timings divided by the scale when they were taken, the median
+      of its last `window` ratios.
+
+    t(n) is shape x scale. A size timed only during a long request (late positions) thus
+    does not make the sizes timed early look cheap, nor the reverse. Before any one-token
+    timing there is no scale: the timings are kept as they are, and become ratios against
+    the first one-token timing.
+
+    Sizes that were observed use their estimate; other sizes are interpolated linearly
+    between observed neighbours; beyond the largest observed size the curve is extrapolated
+    with the slope of its last segment (or `prior_slope` times t(1) when only one size was
+    seen).
 
     A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
     dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
@@ -127,38 +143,61 @@ class CostModel:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = int(window)
-        self._recent: dict[int, deque] = {}
         self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
         self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
         self.calibration_sizes = (1, 2, 4, 8, 16)  # larger sizes extrapolate
-        self._ms = np.full(self.max_batch + 1, np.nan)  # [n] windowed median decode time of n tokens
-        self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
-        self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
-        self._built_ms = self._ms.copy()  # the _ms the cached curve was built from
+        self._reset()
         # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
         self._restored: dict[int, float] = {}
         self._checks: list[float] = []
         self.revalidate_after = 3
         self.tolerance = 1.5
 
+    def _reset(self) -> None:
+        self._scale_recent: deque = deque(maxlen=self.window)  # one-token timings, ms
+        self._scale = math.nan  # their median: t(1) now
+        # [n] per size n >= 2: recent timings / the scale at the time (ms while there is no scale)
+        self._recent: dict[int, deque] = {}
+        self._shape = np.full(self.max_batch + 1, np.nan)  # [n] median of _recent[n]; [1] = 1
+        self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
+        self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+        self._built_shape = self._shape.copy()  # what the cached curve was built from
+        self._built_scale = math.nan
+
     def observe(self, n_tokens: int, ms: float) -> None:
-        """Record one decode of `n_tokens` that took `ms`. The estimate for a size is the
-        median of its last `window` timings: robust to the spikes of a shared machine."""
+        """Record one decode of `n_tokens` that took `ms`. Estimates are medians of the last
+        `window` timings: robust to the spikes of a shared machine."""
         if not self.learning:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
         if self._restored and self._probation(n_tokens, float(ms)):
             return
-        recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
-        recent.append(float(ms))
-        median = statistics.median(recent)  # a few values: faster than numpy's, the same result
-        self._ms[n_tokens] = median
         self._seen[n_tokens] += 1
-        # Rebuild the curve (and what depends on it) only when a size moved by more than
-        # CURVE_TOLERANCE since the curve was built: a one-token decode is timed at every
-        # step, and a rebuild at every step cost more than the drafting itself.
-        built = self._built_ms[n_tokens]
+        if n_tokens == 1:
+            first = math.isnan(self._scale)
+            self._scale_recent.append(float(ms))
+            # (statistics.median: a few values, at every step; numpy's costs tens of microseconds)
+            self._scale = statistics.median(self._scale_recent)
+            self._shape[1] = 1.0
+            if first:  # timings taken without a scale become ratios against this first one
+                for n, recent in self._recent.items():
+                    self._recent[n] = deque((x / ms for x in recent), maxlen=self.window)
+                    self._shape[n] = statistics.median(self._recent[n])
+                self._curve = None
+            # Rebuild the curve (and what depends on it) only when the scale moved by more
+            # than SCALE_TOLERANCE since the curve was built: drafting decisions depend on the
+            # shape alone, and a rebuild at every step cost more than the drafting itself.
+            elif not abs(self._scale - self._built_scale) <= SCALE_TOLERANCE * self._built_scale:
+                self._curve = None
+            return
+        value = float(ms) if math.isnan(self._scale) else float(ms) / self._scale
+        recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
+        recent.append(value)
+        median = statistics.median(recent)
+        self._shape[n_tokens] = median
+        # ... and only when a size's estimate moved by more than CURVE_TOLERANCE.
+        built = self._built_shape[n_tokens]
         if not abs(median - built) <= CURVE_TOLERANCE * built:  # (NaN: a new size)
             self._curve = None
 
@@ -173,10 +212,7 @@ class CostModel:
         if 1 / self.tolerance <= ratio <= self.tolerance:
             return False  # confirmed: keep learning on top of it
         # The machine, load or build changed: forget the restored figures and measure again.
-        self._recent.clear()
-        self._ms[:] = np.nan
-        self._seen[:] = 0
-        self._curve = None
+        self._reset()
         self.needs_calibration = True
         return True
 
@@ -189,10 +225,19 @@ class CostModel:
         """Timings taken into the curve so far (restored points count once)."""
         return int(self._seen.sum())
 
+    def _times(self, sizes: np.ndarray) -> np.ndarray:
+        """The current estimate, in ms, of each observed size in `sizes`."""
+        if math.isnan(self._scale):
+            return self._shape[sizes].copy()  # no scale yet: timings as they were taken
+        return self._shape[sizes] * self._scale
+
     def to_dict(self) -> dict[str, Any]:
-        """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only)."""
+        """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only, at the
+        current scale)."""
         sizes = np.flatnonzero(self._seen)
-        return {"max_batch": self.max_batch, "ms": {str(int(n)): round(float(self._ms[n]), 3) for n in sizes}}
+        times = self._times(sizes)
+        return {"max_batch": self.max_batch,
+                "ms": {str(int(n)): round(float(ms), 3) for n, ms in zip(sizes, times)}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], max_batch: int | None = None, **kwargs: Any) -> "CostModel":
@@ -206,27 +251,27 @@ class CostModel:
         except (KeyError, TypeError, ValueError, AttributeError):
             raise ValueError(f"not a saved cost curve (want {{'max_batch': N, 'ms': {{n: ms}}}}): {data!r}") from None
         cost = cls(max_batch=saved_max if max_batch is None else max_batch, **kwargs)
-        for n_tokens, ms in sorted(points.items()):
+        learning, cost.learning = cost.learning, True
+        for n_tokens, ms in sorted(points.items()):  # t(1) first: the scale of the others
             if 1 <= n_tokens <= cost.max_batch and ms > 0 and not math.isinf(ms):
-                cost._recent[n_tokens] = deque([ms], maxlen=cost.window)
-                cost._ms[n_tokens] = ms
-                cost._seen[n_tokens] = 1
-                cost._restored[n_tokens] = ms
-        cost._curve = None
+                cost.observe(n_tokens, ms)
+        cost.learning = learning
+        cost._restored = {n: ms for n, ms in points.items() if 1 <= n <= cost.max_batch and cost._seen[n]}
         return cost
 
     def curve(self) -> np.ndarray:
         """t(n) for n = 0..max_batch (index 0 unused), in ms."""
         if self._curve is not None:
             return self._curve
-        self._built_ms = self._ms.copy()
+        self._built_shape = self._shape.copy()
+        self._built_scale = self._scale
         sizes = np.flatnonzero(self._seen)
         n = np.arange(self.max_batch + 1, dtype=np.float64)
         if len(sizes) == 0:
             t1 = 10.0  # no evidence yet: an arbitrary scale; only ratios matter
             curve = t1 * (1 + self.prior_slope * (n - 1))
         else:
-            times = self._ms[sizes]
+            times = self._times(sizes)
             # A decode of more tokens never costs less: enforce a non-decreasing curve, from the
             # right. A size's time is capped by every larger size's, so one slow outlier (a
             # shared machine's preemption, kept by a size seen only once) cannot raise the
@@ -252,8 +297,11 @@ class CostModel:
         return float(self.curve()[min(max(n_tokens, 1), self.max_batch)])
 
 
-# A measured size moves the cost curve when its median drifts by more than this share.
+# A measured size moves the cost curve when its estimate drifts by more than this share.
 CURVE_TOLERANCE = 0.01
+# ... and the scale (t(1) now) when it drifts by more than this share: it moves with the
+# position at every step, and only the shape changes what gets drafted.
+SCALE_TOLERANCE = 0.05
 
 
 # How much dearer a batch is, against one token, with the Llama's own threads (half the cores)

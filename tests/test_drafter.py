@@ -9,6 +9,7 @@ import pytest
 
 from lookahead.drafter import (
     EMPTY_DRAFT,
+    SCALE_TOLERANCE,
     AcceptanceModel,
     CostModel,
     Draft,
@@ -254,6 +255,47 @@ def test_cost_observe_invalidates_the_cached_curve():
     assert cost.cost_ms(2) == pytest.approx(14.0)
     cost.observe(2, 11.0)
     assert cost.cost_ms(2) == pytest.approx(11.0)
+
+
+def test_cost_shape_is_kept_apart_from_the_scale():
+    # t(8) timed early in a request (t(1) = 10 ms), t(16) late, where attention has made
+    # every decode 1.5x dearer (t(1) = 15): each size keeps its ratio to t(1) when it was timed.
+    cost = CostModel(max_batch=32)
+    cost.observe(1, 10.0)
+    cost.observe(8, 40.0)
+    for _ in range(cost.window):
+        cost.observe(1, 15.0)
+    cost.observe(16, 90.0)
+    assert cost.cost_ms(1) == pytest.approx(15.0)
+    assert cost.cost_ms(8) == pytest.approx(60.0)  # 4 x 15, not the 40 timed at t(1) = 10
+    assert cost.cost_ms(16) == pytest.approx(90.0)
+    # back to the start of a request: the whole curve follows the scale, the shape stays
+    for _ in range(cost.window):
+        cost.observe(1, 10.0)
+    assert [cost.cost_ms(n) for n in (1, 8, 16)] == pytest.approx([10.0, 40.0, 60.0])
+
+
+def test_cost_timings_before_any_one_token_decode_take_its_scale():
+    cost = CostModel(max_batch=16)
+    cost.observe(4, 40.0)  # no t(1) yet: kept as timed
+    assert cost.cost_ms(4) == pytest.approx(40.0)
+    cost.observe(1, 16.0)  # -> the ratio 40 / 16
+    cost.observe(1, 8.0)
+    cost.observe(1, 8.0)  # scale: median 8
+    assert cost.cost_ms(1) == pytest.approx(8.0)
+    assert cost.cost_ms(4) == pytest.approx(20.0)
+
+
+def test_cost_curve_follows_the_scale_only_past_its_tolerance():
+    cost = CostModel(max_batch=16, window=1)
+    cost.observe(1, 10.0)
+    cost.observe(8, 30.0)
+    curve = cost.curve()
+    cost.observe(1, 10.0 * (1 + SCALE_TOLERANCE / 2))
+    assert cost.curve() is curve  # nothing the drafter decides on changed
+    cost.observe(1, 10.0 * (1 + 2 * SCALE_TOLERANCE))
+    assert cost.curve() is not curve
+    assert cost.cost_ms(8) == pytest.approx(30.0 * (1 + 2 * SCALE_TOLERANCE))
 
 
 def test_cost_model_rejects_bad_max_batch():
@@ -631,8 +673,10 @@ def test_restored_curve_is_kept_when_real_decodes_agree():
     for n, ms in ((1, 12.0), (8, 40.0), (1, 10.5)):  # within 1.5x of 11 and 43
         restored.observe(n, ms)
     assert not restored.needs_calibration
-    assert restored.cost_ms(64) == pytest.approx(293.0)  # the untouched sizes stay
-    assert restored.cost_ms(1) == pytest.approx(11.0)  # median of 11, 12, 10.5
+    # the untouched sizes keep their shape, t(64) / t(1) = 293 / 11; the scale is the median
+    # of 11, 12, 10.5 (the curve follows it once it moved by more than SCALE_TOLERANCE)
+    assert restored.cost_ms(64) / restored.cost_ms(1) == pytest.approx(293.0 / 11.0)
+    assert restored.cost_ms(1) == pytest.approx(11.0, rel=SCALE_TOLERANCE)
 
 
 def test_restored_curve_is_dropped_when_real_decodes_disagree():
