@@ -58,6 +58,58 @@ CONTENTION_HOLD_S = 30.0
 CONTENTION_SLOWDOWN = 1.4
 _FASTEST_DECODE: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()  # one token, seconds
 _CONTENDED_UNTIL: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+# The tuned thread count is checked while it serves (see ThreadCheck), per Llama.
+_THREAD_CHECKS: "weakref.WeakKeyDictionary[Any, ThreadCheck]" = weakref.WeakKeyDictionary()
+
+
+class ThreadCheck:
+    """Is the thread count of one-token decodes still the faster one? Checked while decoding.
+
+    `tune` measures it once and the result is cached per model, build and CPU model; but a VM
+    of the same CPU model, or the same VM with a neighbour on part of a core, can turn the
+    answer round (two threads wait for each other at every layer, one does not). Measured
+    here in one bench run: on prose where nothing was drafted, lookahead's two-thread decodes
+    ran 0.90-0.94x the speed of plain's one thread, where the run before had 1.07-1.10x.
+
+    So every `every`-th one-token decode runs with the other candidate count instead, and its
+    time is divided by the median of the last few decodes with the chosen count, taken just
+    before (the same position, within a few tokens: attention cost drifts along a request).
+    Once the median of the last `window` such ratios is under `margin`, the other count is
+    faster and becomes the choice. When the other count is clearly slower (ratio median over
+    1 / `margin` ** 3), it is tried `settled` times less often. Thread counts do not change
+    the logits, so the check never changes an output; it costs about (ratio - 1) / every of
+    the one-token decode time (under 1% here).
+    """
+
+    def __init__(self, every: int = 16, window: int = 5, margin: float = 0.97, settled: int = 4):
+        self.every, self.window, self.margin, self.settled = int(every), int(window), float(margin), int(settled)
+        self.ratios: deque[float] = deque(maxlen=self.window)
+        self.recent: deque[float] = deque(maxlen=3)  # seconds of the last decodes with the chosen count
+        self.count = 0  # one-token decodes with the chosen count since the last check
+        self.checks = 0  # checks made (for stats and tests)
+
+    def due(self) -> bool:
+        """Should the next one-token decode run with the other count?"""
+        if len(self.recent) < self.recent.maxlen:
+            return False
+        settled = (len(self.ratios) == self.window
+                   and statistics.median(self.ratios) > 1 / self.margin ** 3)
+        return self.count >= self.every * (self.settled if settled else 1)
+
+    def chosen(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        self.count += 1
+
+    def other(self, seconds: float) -> bool:
+        """Record a decode with the other count; True if it is now the faster one."""
+        self.ratios.append(seconds / statistics.median(self.recent))
+        self.count = 0
+        self.checks += 1
+        if len(self.ratios) == self.window and statistics.median(self.ratios) < self.margin:
+            self.ratios.clear()
+            self.recent.clear()
+            return True
+        return False
 
 
 MEASUREMENTS = "measurements"  # cache kind: verify-cost timings and decode threads per model and machine
@@ -441,7 +493,10 @@ class LlamaCppTarget:
         if self.n_past + n > self.n_ctx:
             raise ValueError(f"decode of {n} tokens at position {self.n_past} overflows the context of {self.n_ctx}")
         self._fill(tokens, n_logits)
-        self._decode()
+        if n == 1 and self.threads == "auto" and not self.contended and self._llama_threads is not None:
+            self._checked_decode()
+        else:
+            self._decode()
         self.n_past += n
         ptr = self._lib.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))  # [n_logits, n_vocab], a view
@@ -583,6 +638,36 @@ class LlamaCppTarget:
                                    int(self._batch.n_tokens))
 
     # ---- threads -------------------------------------------------------------------
+    def _checked_decode(self) -> None:
+        """A one-token decode with the tuned thread count, or now and then with the other
+        candidate, to see whether it has become the faster one (ThreadCheck)."""
+        chosen = _TUNED_THREADS.get(self.llm)
+        own, batch = self._llama_threads
+        other = batch if chosen == own else own
+        if chosen is None or other == chosen:
+            self._decode()
+            return
+        check = _THREAD_CHECKS.get(self.llm)
+        if check is None:
+            check = _THREAD_CHECKS[self.llm] = ThreadCheck()
+        if not check.due():
+            t0 = time.perf_counter()
+            self._decode()
+            check.chosen(time.perf_counter() - t0)
+            return
+        self._lib.llama_set_n_threads(self._ctx, other, batch)
+        t0 = time.perf_counter()
+        try:
+            self._decode()
+        finally:
+            seconds = time.perf_counter() - t0
+            if not self.contended:  # (else the contention watch has just set the relief: keep it)
+                self._lib.llama_set_n_threads(self._ctx, chosen, batch)
+        if not self.contended and check.other(seconds):
+            _TUNED_THREADS[self.llm] = other
+            self._remember(decode_threads=other)
+            self._lib.llama_set_n_threads(self._ctx, other, batch)
+
     @property
     def decode_threads(self) -> int:
         """Threads of one-token decodes right now."""

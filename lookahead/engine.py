@@ -186,5 +186,7 @@ def generate_tokens(
                 generated.append(token)
                 yield (token, rows[i]) if with_rows else token
     finally:
+        if stats.decode_threads is not None:  # the backend may have changed it on the way
+            stats.decode_threads = getattr(target, "decode_threads", stats.decode_threads)
         target.end(kv_tokens)
         stats.total_ms = 1000 * (time.perf_counter() - t_start)

@@ -30,7 +30,7 @@ class SpeculationStats:
     verify_ms: float = 0.0  # target decodes of [last token + draft]
     sample_ms: float = 0.0  # verifier: sampling / acceptance on the logits rows
     calibration_ms: float = 0.0  # one-off timings: decode threads, verify-cost curve (first request)
-    decode_threads: int | None = None  # threads of one-token decodes (llama.cpp), measured once
+    decode_threads: int | None = None  # threads of one-token decodes (llama.cpp) at the request's end
     # Decodes ran far slower than the cost curve (another process on the cores): the backend
     # was asked to relieve it (llama.cpp: fewer threads) for the rest of the request.
     contended: bool = False

@@ -146,3 +146,52 @@ def test_doctor_names_a_missing_model(tmp_path):
     result = CliRunner().invoke(main, ["doctor", "--model", str(tmp_path / "nope.gguf")])
     assert result.exit_code == 2
     assert "model file not found" in result.output and "nope.gguf" in result.output
+
+
+# --- ThreadCheck: is the tuned one-token thread count still the faster one? ----------------------
+
+def test_thread_check_is_due_every_n_decodes_after_a_few_with_the_chosen_count():
+    from lookahead.adapters.llama_cpp import ThreadCheck
+
+    check = ThreadCheck(every=4)
+    seen = []
+    for i in range(12):
+        if check.due():
+            seen.append(i)
+            check.other(0.010)  # as fast as the chosen count: no switch
+        else:
+            check.chosen(0.010)
+    assert seen == [4, 9]  # 4 decodes with the chosen count before each check
+    assert check.checks == 2
+
+
+def test_thread_check_switches_on_the_median_of_its_window():
+    from lookahead.adapters.llama_cpp import ThreadCheck
+
+    check = ThreadCheck(every=1, window=5, margin=0.97)
+    for _ in range(3):
+        check.chosen(0.010)
+    ratios = [0.90, 1.20, 0.95, 0.80, 0.99]  # median 0.95: faster by more than 3%
+    switched = [check.other(0.010 * r) for r in ratios]
+    assert switched == [False, False, False, False, True]
+    assert not check.ratios and not check.due()  # starts afresh for the new choice
+    check = ThreadCheck(every=1, window=5, margin=0.97)
+    for _ in range(3):
+        check.chosen(0.010)
+    assert not any(check.other(0.010 * r) for r in [0.90, 1.20, 0.98, 0.80, 0.99])  # median 0.98
+
+
+def test_thread_check_tries_a_clearly_slower_count_less_often():
+    from lookahead.adapters.llama_cpp import ThreadCheck
+
+    check = ThreadCheck(every=2, window=3, settled=4)
+    gaps, since = [], 0
+    for _ in range(60):
+        if check.due():
+            gaps.append(since)
+            since = 0
+            check.other(0.015)  # 1.5x slower
+        else:
+            check.chosen(0.010)
+            since += 1
+    assert gaps[:3] == [3, 2, 2] and set(gaps[3:]) == {8}

@@ -12,6 +12,8 @@ things separately:
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -362,6 +364,46 @@ def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, m
     assert again["speculation"]["contended"]  # held for CONTENTION_HOLD_S
     assert again["speculation"]["decode_threads"] == 1
     adapter._CONTENDED_UNTIL.pop(llm, None)
+
+
+def test_a_stale_thread_choice_is_corrected_while_decoding(one_thread_llm, monkeypatch):
+    """The cached choice says 2 threads, but here 2 threads are now slower (a neighbour on a
+    core, made up by a sleep): the check while decoding moves to 1 thread, same text."""
+    import lookahead.adapters.llama_cpp as adapter
+
+    llm = one_thread_llm
+    adapter._CONTENDED_UNTIL.pop(llm, None)
+    reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
+    monkeypatch.setitem(adapter._TUNED_THREADS, llm, 2)
+    check = adapter.ThreadCheck(every=2)
+    monkeypatch.setitem(adapter._THREAD_CHECKS, llm, check)
+    monkeypatch.setattr(adapter, "CONTENTION_SLOWDOWN", float("inf"))  # this slowness is not contention
+    real_decode = adapter.LlamaCppTarget._decode
+
+    def slower_with_two_threads(self):
+        if self._lib.llama_n_threads(self._ctx) == 2:
+            time.sleep(0.01)
+        real_decode(self)
+
+    monkeypatch.setattr(adapter.LlamaCppTarget, "_decode", slower_with_two_threads)
+    fast = lookahead.wrap(llm)
+    out = fast.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
+    assert check.checks >= check.window
+    assert adapter._TUNED_THREADS[llm] == 1 and out["speculation"]["decode_threads"] == 1
+    assert out["choices"][0]["text"] == reference  # thread counts do not change the logits
+    assert llama_threads(llm) == (1, 2)  # restored
+
+
+def test_the_thread_check_leaves_a_fixed_thread_count_alone(one_thread_llm, monkeypatch):
+    import lookahead.adapters.llama_cpp as adapter
+
+    llm = one_thread_llm
+    adapter._CONTENDED_UNTIL.pop(llm, None)
+    check = adapter.ThreadCheck(every=1)
+    monkeypatch.setitem(adapter._THREAD_CHECKS, llm, check)
+    out = lookahead.wrap(llm, threads=2).create_completion(RAG_PROMPT, max_tokens=20, temperature=0,
+                                                           speculate=False)
+    assert check.checks == 0 and out["speculation"]["decode_threads"] == 2
 
 
 @pytest.mark.parametrize("threads", [0, -1, "fast", 1.5, True])
