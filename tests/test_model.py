@@ -381,7 +381,7 @@ def test_a_stale_thread_choice_is_corrected_while_decoding(one_thread_llm, monke
     real_decode = adapter.LlamaCppTarget._decode
 
     def slower_with_two_threads(self):
-        if self._lib.llama_n_threads(self._ctx) == 2:
+        if self.decode_threads == 2:
             time.sleep(0.01)
         real_decode(self)
 
