@@ -643,7 +643,7 @@ class LlamaCppTarget:
         candidate, to see whether it has become the faster one (ThreadCheck)."""
         chosen = _TUNED_THREADS.get(self.llm)
         own, batch = self._llama_threads
-        other = batch if chosen == own else own
+        other = batch if chosen == own else own  # the candidates tune() chose between
         if chosen is None or other == chosen:
             self._decode()
             return
@@ -655,18 +655,18 @@ class LlamaCppTarget:
             self._decode()
             check.chosen(time.perf_counter() - t0)
             return
-        self._lib.llama_set_n_threads(self._ctx, other, batch)
+        self._set_decode_threads(other)
         t0 = time.perf_counter()
         try:
             self._decode()
         finally:
             seconds = time.perf_counter() - t0
             if not self.contended:  # (else the contention watch has just set the relief: keep it)
-                self._lib.llama_set_n_threads(self._ctx, chosen, batch)
+                self._set_decode_threads(chosen)
         if not self.contended and check.other(seconds):
             _TUNED_THREADS[self.llm] = other
             self._remember(decode_threads=other)
-            self._lib.llama_set_n_threads(self._ctx, other, batch)
+            self._set_decode_threads(other)
 
     @property
     def decode_threads(self) -> int:
