@@ -12,6 +12,7 @@ import pytest
 
 from lookahead.cli.bench import (
     LOOKAHEAD,
+    LOOP_SHARE,
     PLAIN,
     Run,
     fit_alpha,
@@ -20,7 +21,9 @@ from lookahead.cli.bench import (
     load_workloads,
     mean_draft_length,
     predicted_speedup,
+    prompt_text,
     relative_verify_cost,
+    repeat_share,
     require_matplotlib,
     resolve_prompt_lookup_calls,
     rotated,
@@ -110,6 +113,61 @@ def test_rotated():
     assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
     assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
     assert rotated([], 3) == []
+
+
+# ---- loops ---------------------------------------------------------------------------------
+FILE = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}  # step {i}\n\n" for i in range(12))
+
+
+def test_repeat_share_counts_what_the_output_writes_twice():
+    block = "# Your code here\n```\n"
+    loop = "```python\n" + block * 20
+    # 430 characters; every window ending past the first block, its "\n" before and a window
+    # (77 characters) occurred before
+    assert repeat_share(loop) == pytest.approx((430 - 77) / 430)
+    assert repeat_share("The sky is blue because air scatters short wavelengths of sunlight more "
+                        "than long ones, so blue light reaches the eye from every direction.") == 0.0
+    assert repeat_share("short " * 3) == 0.0  # shorter than the window
+    # Half prose, half the same sentence again and again.
+    prose = "".join(f"Sentence {i} says something new about item number {i * 13}. " for i in range(8))
+    share = repeat_share(prose + "We will loop on this sentence now, over and over. " * 8)
+    assert 0.3 < share < 0.6
+
+
+def test_repeat_share_does_not_count_copies_of_the_prompt():
+    """An edit repeats its file: that is the work, not a loop. The same text repeated twice in
+    the output is still not a loop when the prompt holds it (a file with repeated blocks)."""
+    assert repeat_share(FILE, prompt="Rename nothing.\n\n" + FILE) == 0.0
+    twice = FILE[:400] + FILE[:400]
+    assert repeat_share(twice, prompt=FILE) == 0.0
+    assert repeat_share(twice) > 0.4  # without the prompt, the second copy repeats the first
+
+
+def test_prompt_text_of_chat_and_raw_workloads():
+    assert prompt_text({"prompt": "abc"}) == "abc"
+    assert prompt_text({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}) == "s\nu"
+
+
+def test_groups_report_loops_and_the_speedup_without_them():
+    def pair(workload, plain_s, la_s, share):
+        return [Run(workload, "edit", 0.0, 0, PLAIN, plain_s, "x", repeat_share=share),
+                Run(workload, "edit", 0.0, 0, LOOKAHEAD, la_s, "x", repeat_share=share)]
+
+    # w1 loops (and gains 4x); w2 and w3 do not (2x and 1x).
+    runs = pair("w1", 4.0, 1.0, 0.9) + pair("w2", 2.0, 1.0, 0.0) + pair("w3", 1.0, 1.0, LOOP_SHARE - 0.01)
+    rows, summaries = summarise(runs)
+    assert [row["loops"] for row in rows] == [True, False, False]
+    assert rows[0]["repeat_share"] == 0.9
+    group = summaries[0]
+    assert group["loops"] == {"workloads": 1, "of": 3}
+    assert group["speedup"][LOOKAHEAD] == pytest.approx(2.0, abs=1e-3)  # (4 × 2 × 1)^(1/3)
+    assert group["loop_free"]["n"] == 2
+    assert group["loop_free"]["speedup"][LOOKAHEAD] == pytest.approx(2 ** 0.5, abs=1e-3)
+    table = format_table(summaries)
+    assert "loops" in table and "loop-free ×" in table and "1/3" in table and "1.41" in table
+    # Runs that were never judged (no text measured) give no loop figures.
+    unjudged = summarise([Run("w", "edit", 0.0, 0, PLAIN, 1.0, "x"), Run("w", "edit", 0.0, 0, LOOKAHEAD, 1.0, "x")])
+    assert unjudged[0][0]["loops"] is None and unjudged[1][0]["loops"] is None
 
 
 # ---- summaries -----------------------------------------------------------------------------
@@ -276,6 +334,8 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert overall["n"] == 2 and LOOKAHEAD in overall["speedup"] and overall["identical"][LOOKAHEAD]["of"] == 2
     assert all(isinstance(r["contended"], bool) for r in result["runs"] if r["method"] == LOOKAHEAD)
     assert all(r["contended"] is None for r in result["runs"] if r["method"] == PLAIN)
+    assert all(0.0 <= r["repeat_share"] <= 1.0 for r in result["runs"])
+    assert overall["loops"]["of"] == 2 and overall["loop_free"]["n"] == 2 - overall["loops"]["workloads"]
     assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

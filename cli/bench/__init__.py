@@ -30,15 +30,15 @@ functions at the top of this module; tests/test_bench.py checks them by hand.
 """
 from .command import bench
 from .local import LocalMethods, timed_stream
-from .measures import (fit_alpha, geometric_mean, mean_draft_length, predicted_speedup, relative_verify_cost,
-                       resolve_prompt_lookup_calls, rotated, workload_seed)
+from .measures import (LOOP_SHARE, fit_alpha, geometric_mean, mean_draft_length, predicted_speedup, prompt_text,
+                       relative_verify_cost, repeat_share, resolve_prompt_lookup_calls, rotated, workload_seed)
 from .methods import LOOKAHEAD, NO_DRAFT, PLAIN, PROMPT_LOOKUP
 from .plot import require_matplotlib
 from .summary import Run, summarise, summarise_group, summarise_workload
 from .table import format_table
 from .workloads import load_workloads
 
-__all__ = ["bench", "LocalMethods", "timed_stream", "fit_alpha", "geometric_mean", "mean_draft_length",
+__all__ = ["bench", "LocalMethods", "timed_stream", "LOOP_SHARE", "prompt_text", "repeat_share", "fit_alpha", "geometric_mean", "mean_draft_length",
            "predicted_speedup", "relative_verify_cost", "resolve_prompt_lookup_calls", "rotated", "workload_seed",
            "LOOKAHEAD", "NO_DRAFT", "PLAIN", "PROMPT_LOOKUP", "require_matplotlib", "Run", "summarise",
            "summarise_group", "summarise_workload", "format_table", "load_workloads"]

@@ -57,6 +57,36 @@ def predicted_speedup(alpha: float, k: float, c: float) -> float:
     return expected_tokens / (1 + k * c)
 
 
+REPEAT_WINDOW = 48  # characters: a run this long written twice is a repeat, not a coincidence
+LOOP_SHARE = 0.25  # an output with at least this share of self-repeats loops
+
+
+def repeat_share(text: str, prompt: str = "", window: int = REPEAT_WINDOW) -> float:
+    """The share of `text` that repeats `text` itself: how much of an output is a loop.
+
+    A character counts when the `window` characters ending at it occurred earlier in the
+    output and nowhere in the prompt: copying the prompt (an edit, a quote) is the point of
+    the work, writing one's own words again is not. Small models loop on long tasks ("# Your
+    code here" 40 times); a loop is cheap to draft, so a speedup measured on one says nothing
+    about real output. 0.0 for a text shorter than `window`.
+    """
+    if len(text) <= window:
+        return 0.0
+    repeats = 0
+    for end in range(window, len(text) + 1):
+        piece = text[end - window : end]
+        if text.find(piece, 0, end - 1) != -1 and piece not in prompt:
+            repeats += 1
+    return repeats / len(text)
+
+
+def prompt_text(workload: dict) -> str:
+    """The text a workload gives the model: its prompt, or its messages' contents."""
+    if "prompt" in workload:
+        return str(workload["prompt"])
+    return "\n".join(str(m.get("content", "")) for m in workload.get("messages", ()))
+
+
 def resolve_prompt_lookup_calls(calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """(drafted, accepted) per draft of llama-cpp-python's generate loop, from its draft-model calls.
 

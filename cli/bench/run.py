@@ -15,7 +15,7 @@ import click
 from ..options import dist_version
 from .llama_server import LlamaServer
 from .local import LocalMethods
-from .measures import rotated, workload_seed
+from .measures import prompt_text, repeat_share, rotated, workload_seed
 from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_TYPES, WARMUP_TOKENS
 from .summary import Run, summarise
 
@@ -110,6 +110,7 @@ def _run_all(runners, order, workloads, temperatures, reps, log) -> list[Run]:
                 for method in rotated(order, w_index + rep):
                     run = _checked(runners[method], method, workload, temperature, seed)
                     run.rep = rep
+                    run.repeat_share = repeat_share(run.text, prompt_text(workload))
                     runs.append(run)
                     rep_note = f" rep {rep + 1}/{reps}" if reps > 1 else ""
                     log(f"[{w_index + 1}/{len(workloads)}] {workload['id']} t={temperature:g}{rep_note} "

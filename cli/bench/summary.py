@@ -5,7 +5,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .measures import _round, fit_alpha, geometric_mean, mean_draft_length, predicted_speedup, relative_verify_cost
+from .measures import (LOOP_SHARE, _round, fit_alpha, geometric_mean, mean_draft_length, predicted_speedup,
+                       relative_verify_cost)
 from .methods import LOOKAHEAD, PLAIN, SERVER_PLAIN, baseline_of, method_order
 
 
@@ -28,13 +29,15 @@ class Run:
     reused_prompt_tokens: int | None = None  # lookahead only: should be 0 (prefix cache cleared)
     output_tokens: int | None = None  # tokens of the text, counted with the model's tokenizer
     contended: bool | None = None  # lookahead only: another process took the cores (fewer threads)
+    repeat_share: float | None = None  # how much of the text repeats itself (measures.repeat_share)
 
     def to_dict(self) -> dict:
         """The run for --json: what was timed and what it wrote (outputs are worth reading)."""
         return {"workload": self.workload, "category": self.category, "temperature": self.temperature,
                 "rep": self.rep, "method": self.method, "seconds": round(self.seconds, 4), "text": self.text,
                 "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
-                "output_tokens": self.output_tokens, "drafts": self.drafts, "contended": self.contended}
+                "output_tokens": self.output_tokens, "drafts": self.drafts, "contended": self.contended,
+                "repeat_share": None if self.repeat_share is None else round(self.repeat_share, 3)}
 
     @property
     def decode_cost(self) -> float | None:
@@ -147,7 +150,13 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
                 _pooled_drafts(rs), _sum_optional(r.generated_tokens for r in rs),
                 _sum_optional(r.target_passes for r in rs), cost_curve_ms if m == LOOKAHEAD else None),
         }
-    return {"id": first.workload, "category": first.category, "temperature": first.temperature, "methods": methods}
+    # Whether the model's own output loops: plain's text, the target's unaided behaviour (the
+    # other methods' texts are the same, or differ after a near-tie at temperature 0).
+    judged = by_method.get(PLAIN) or next(iter(by_method.values()))
+    shares = [r.repeat_share for r in judged if r.repeat_share is not None]
+    return {"id": first.workload, "category": first.category, "temperature": first.temperature,
+            "repeat_share": _round(max(shares), 3) if shares else None,
+            "loops": any(s >= LOOP_SHARE for s in shares) if shares else None, "methods": methods}
 
 
 def summarise_group(rows: Sequence[dict], category: str, runs: Sequence[Run] = (),
@@ -187,12 +196,25 @@ def summarise_group(rows: Sequence[dict], category: str, runs: Sequence[Run] = (
         if scored:
             value, workload = min(scored)
             worst[m] = {"speedup": value, "workload": workload}
+    # The same speedups over the workloads whose output does not loop: a loop is cheap to draft,
+    # so these are the figures that say something about real output.
+    judged = [row for row in rows if row.get("loops") is not None]
+    sane = [row for row in judged if not row["loops"]]
+    loops = {"workloads": len(judged) - len(sane), "of": len(judged)} if judged else None
+    loop_free = {"n": len(sane),
+                 "speedup": {m: _round(geometric_mean(row["methods"][m]["speedup"] for row in sane
+                                                      if m in row["methods"]))
+                             for m in methods if m != baseline_of(m)},
+                 "decode_speedup": {m: _round(geometric_mean(row["methods"][m]["decode_speedup"] for row in sane
+                                                             if m in row["methods"]))
+                                    for m in methods if m != baseline_of(m)}} if judged else None
     shares = [row["methods"][PLAIN]["prefill_share"] for row in rows
               if PLAIN in row["methods"] and row["methods"][PLAIN]["prefill_share"] is not None]
     return {"category": category, "temperature": rows[0]["temperature"] if rows else None, "n": len(rows),
             "decode_speedup": decode_speedup, "worst": worst,
             "prefill_share": _round(statistics.median(shares)) if shares else None,
-            "speedup": speedup, "identical": identical, "speculation": speculation}
+            "speedup": speedup, "identical": identical, "speculation": speculation,
+            "loops": loops, "loop_free": loop_free}
 
 
 def summarise(runs: Sequence[Run], cost_curve_ms: Sequence[float] | None = None) -> tuple[list[dict], list[dict]]:

@@ -11,12 +11,13 @@ def format_table(summaries: Sequence[dict]) -> str:
 
     Columns: each method's speedup (end to end at t=0; decode per token above), lookahead's
     decode-only speedup (seconds per output token after the first), its worst workload, the
-    share of plain's time spent before the first token, and lookahead's draft figures.
+    share of plain's time spent before the first token, how many workloads' outputs loop
+    (`measures.repeat_share`) and lookahead's speedup over the others, and its draft figures.
     """
     methods = sorted({m for s in summaries for m in s["speedup"]}, key=method_order)
     pl = any(PROMPT_LOOKUP in s["speculation"] for s in summaries)
-    head = ["category", "t", "n", *[f"{m} ×" for m in methods], "decode ×", "worst ×", "prefill",
-            "acceptance", "tokens/pass", "alpha", "k", "predicted ×", "identical"]
+    head = ["category", "t", "n", *[f"{m} ×" for m in methods], "decode ×", "worst ×", "prefill", "loops",
+            "loop-free ×", "acceptance", "tokens/pass", "alpha", "k", "predicted ×", "identical"]
     if pl:
         head.append("prompt-lookup acc.")
 
@@ -32,6 +33,8 @@ def format_table(summaries: Sequence[dict]) -> str:
                  num(s.get("decode_speedup", {}).get(LOOKAHEAD)),
                  num((s.get("worst", {}).get(LOOKAHEAD) or {}).get("speedup")),
                  num(s.get("prefill_share"), "{:.0%}"),
+                 f"{s['loops']['workloads']}/{s['loops']['of']}" if s.get("loops") else "-",
+                 num(((s.get("loop_free") or {}).get("speedup") or {}).get(LOOKAHEAD)),
                  num(la.get("acceptance_rate"), "{:.0%}"), num(la.get("tokens_per_pass")), num(la.get("alpha")),
                  num(la.get("k"), "{:.1f}"), num(la.get("predicted_speedup")),
                  f"{same['identical']}/{same['of']}" if same else "-"]
