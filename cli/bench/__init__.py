@@ -25,8 +25,13 @@ http-prediction, through `lookahead serve`'s HTTP API (see `http`).
 All local calls stream: the time between consecutive non-empty chunks gives the
 inter-token latencies for the plot (speculation makes that histogram bimodal).
 
-The pure computations (alpha fit, predicted speedup, geometric mean, summaries) are small
-functions at the top of this module; tests/test_bench.py checks them by hand.
+Every run's text is also scored for loops (`measures.repeat_share`: the share of it that
+repeats the output's own earlier text and not the prompt). A workload whose plain output loops
+is counted per category, and each category also gets its speedups over the workloads that do
+not loop: a loop is cheap to draft, so only those say something about real output.
+
+The pure computations (alpha fit, predicted speedup, geometric mean, summaries, loops) are
+small functions in `measures` and `summary`; tests/test_bench.py checks them by hand.
 """
 from .command import bench
 from .local import LocalMethods, timed_stream

@@ -68,6 +68,8 @@ def bench(ctx, workloads_file, temperatures, reps, limit, categories, max_tokens
     Prints a table per category and temperature (speedups are geometric means of plain
     median / method median; alpha, k and "predicted" come from the i.i.d. acceptance model
     and the measured verify-cost curve), or everything with --json. Progress goes to stderr.
+    Outputs are scored for loops: "loops" counts the workloads whose plain output repeats
+    its own text (a quarter of it or more), "loop-free" is the speedup over the others.
 
     With --serve or --server, the same workloads go through `lookahead serve`'s HTTP API
     instead, streamed, each request with `cache_prompt: false` (its whole prefill): plain
