@@ -359,6 +359,21 @@ def test_sampled_speedups_compare_seconds_per_output_token():
     assert summarise_workload(runs)["methods"]["lookahead"]["speedup"] == pytest.approx(2.0 / 3.0, abs=1e-4)
 
 
+def test_greedy_texts_that_differ_compare_time_at_plain_length():
+    """A greedy text that left plain's at a near-tie and stopped at half the length is not twice
+    as fast: its time is taken at plain's length (first token + decode per token × the rest)."""
+    plain = Run("w", "open", 0.0, 0, PLAIN, 2.0, "long text", ttft_s=0.2, output_tokens=181)  # 10 ms/token
+    half = Run("w", "open", 0.0, 0, LOOKAHEAD, 1.1, "short", ttft_s=0.2, output_tokens=91)  # 10 ms/token
+    la = summarise_workload([plain, half])["methods"][LOOKAHEAD]
+    assert la["identical"] is False
+    assert la["speedup"] == pytest.approx(1.0, abs=1e-4)  # not 2.0 / 1.1
+    assert la["median_s"] == 1.1  # the wall time itself is still reported
+    assert half.cost_at_length(91) == pytest.approx(1.1)  # its own length: its own time
+    # Identical texts: the wall times, as they are.
+    same = Run("w", "open", 0.0, 0, LOOKAHEAD, 1.0, "long text", ttft_s=0.2, output_tokens=181)
+    assert summarise_workload([plain, same])["methods"][LOOKAHEAD]["speedup"] == pytest.approx(2.0)
+
+
 def test_groups_report_decode_only_speedup_the_worst_workload_and_the_prefill_share():
     from lookahead.cli.bench import Run, summarise
 

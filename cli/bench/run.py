@@ -19,8 +19,10 @@ from .measures import prompt_text, repeat_share, rotated, workload_seed
 from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_TYPES, WARMUP_TOKENS
 from .summary import Run, summarise
 
-SPEEDUP_BASIS = ("median wall time at temperature 0; above 0, median decode seconds per output token after the "
-                 "first, prefill excluded (sampled outputs differ in length between methods)")
+SPEEDUP_BASIS = ("median wall time at temperature 0 (for a text that differs from plain's: its time to the first "
+                 "token plus its decode seconds per token over the rest of plain's length); above 0, median decode "
+                 "seconds per output token after the first, prefill excluded (sampled outputs differ in length "
+                 "between methods)")
 
 
 @dataclass

@@ -46,6 +46,14 @@ class Run:
             return (self.seconds - self.ttft_s) / (self.output_tokens - 1)
         return None
 
+    def cost_at_length(self, tokens: int | None) -> float:
+        """Seconds this call would take for an output of `tokens` tokens: its time to the first
+        token plus its decode seconds per token for the rest. Its own length gives its own
+        time; unknown figures give `seconds` as it is."""
+        if tokens is None or tokens < 1 or self.decode_cost is None or self.ttft_s is None:
+            return self.seconds
+        return self.ttft_s + self.decode_cost * (tokens - 1)
+
     @property
     def cost(self) -> float:
         """What speedups compare: seconds, or at temperature > 0 decode seconds per output
@@ -104,8 +112,10 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
     """One row: one workload at one temperature, all its methods and repetitions.
 
     Per method: the seconds of each repetition, their median, the speedup over the method's
-    baseline (plain median / method median; per output token above temperature 0), at temperature 0 whether every repetition's text
-    equals the baseline's, and for drafting methods the pooled speculation figures.
+    baseline (plain median / method median; per output token above temperature 0; at
+    temperature 0, for a text that is not the baseline's, at the baseline's length, see
+    `Run.cost_at_length`), at temperature 0 whether every repetition's text equals the
+    baseline's, and for drafting methods the pooled speculation figures.
     """
     first = runs[0]
     by_method: dict[str, list[Run]] = {}
@@ -113,6 +123,21 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
         by_method.setdefault(r.method, []).append(r)
     medians = {m: statistics.median(r.seconds for r in rs) for m, rs in by_method.items()}
     costs = {m: statistics.median(r.cost for r in rs) for m, rs in by_method.items()}
+    if first.temperature == 0:
+        # A greedy text that left the baseline's at a near-tie may be much shorter or longer
+        # (91 tokens against 189 in one run): its wall time compares different work. Compare
+        # the time it would take at the baseline's length instead, which is its wall time when
+        # the texts are the same.
+        for m, rs in by_method.items():
+            base_runs = by_method.get(baseline_of(m))
+            if m == baseline_of(m) or not base_runs:
+                continue
+            base_text = {r.rep: r.text for r in base_runs}
+            if all(base_text.get(r.rep) == r.text for r in rs):
+                continue
+            lengths = [r.output_tokens for r in base_runs if r.output_tokens]
+            if lengths:
+                costs[m] = statistics.median(r.cost_at_length(int(statistics.median(lengths))) for r in rs)
     if SERVER_PLAIN in by_method and PLAIN in by_method:
         # Another engine: llama-server applies the chat template its own way, so its outputs
         # differ from llama-cpp-python's and end-to-end times are not comparable. Compare
