@@ -109,6 +109,9 @@ class ProbeResult:
     timings_ms: dict[str, float] = field(default_factory=dict)  # {"1": t(1), "8": t(8), "64": t(64)}
     threads: dict[str, Any] = field(default_factory=dict)  # counts, and one-token ms per count
     model_desc: str = ""  # llama.cpp's description, e.g. "llama ?B Q4_1"
+    # Rows of one batched decode against the same tokens decoded one at a time (see
+    # `batch_parity`): {"rows", "identical", "max_logit_diff"}
+    parity: dict[str, Any] = field(default_factory=dict)
     error: str = ""  # the tail of the child's stderr, or why it could not run
     cause: str = ""  # for a failure: what went wrong and how to fix it
 
@@ -145,6 +148,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
             result.timings_ms = data.get("timings_ms", {})
             result.threads = data.get("threads", {})
             result.model_desc = data.get("model_desc", "")
+            result.parity = data.get("parity", {})
     result.error = "\n".join(proc.stderr.strip().splitlines()[-5:])
     if proc.returncode < 0:
         try:
@@ -207,6 +211,34 @@ def ensure_batched_decodes(model_path: str | os.PathLike) -> None:
         raise BackendCrash(known["cause"])
 
 
+PARITY_TOKENS = 16
+
+
+def batch_parity(target, n_tokens: int = PARITY_TOKENS) -> dict[str, Any]:
+    """Decode `n_tokens` tokens at the current position one at a time, then again as one
+    batch, and compare the logits rows: {"rows", "identical" (bit for bit), "max_logit_diff"}.
+
+    llama.cpp's CPU build hands batches of 2+ rows to llamafile's tinyBLAS kernels (attention
+    over the F16 KV cache, Q8_0 weights) and one-token decodes to its own dot products: the
+    sums are rounded in another order, and the int8 quantization of activations between layers
+    turns last-bit differences into logit differences of ~0.5 (measured here). Verify rows then
+    differ a little from the plain decoding's, and greedy output can part from plain's at a
+    near-tie. A build with -DGGML_LLAMAFILE=OFF runs both through the same kernels: identical
+    rows. Rolled back afterwards.
+    """
+    import numpy as np
+
+    base = target.n_past
+    n_tokens = min(n_tokens, target.max_batch, target.n_ctx - base)
+    tokens = [(101 + 7 * i) % target.n_vocab for i in range(n_tokens)]
+    single = np.concatenate([target.decode([t], 1).copy() for t in tokens])
+    target.rollback(base)
+    batched = target.decode(tokens, n_tokens).copy()
+    target.rollback(base)
+    diff = np.abs(single.astype(np.float64) - batched.astype(np.float64)).max(axis=1)
+    return {"rows": int(n_tokens), "identical": int((diff == 0).sum()), "max_logit_diff": round(float(diff.max()), 4)}
+
+
 def _child(model_path: str, context_tokens: int, reps: int) -> None:
     """Load, prefill `context_tokens`, time decodes of PROBE_SIZES; print stages and a JSON line."""
     import numpy as np
@@ -244,12 +276,15 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
         one_token[str(n_threads)] = round(float(np.median(
             [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, own, batch)
+    stage("parity")
+    parity = batch_parity(target)
     target.end(prompt)
     threads = {"n_threads": own, "n_threads_batch": batch, "cpu_count": os.cpu_count(),
                "one_token_ms": one_token}
     stage("done")
     print(json.dumps({"timings_ms": {k: round(float(np.median(v)), 2) for k, v in timings.items() if v},
-                      "threads": threads, "model_desc": llm._model.desc(), "context_tokens": context_tokens}),
+                      "threads": threads, "model_desc": llm._model.desc(), "context_tokens": context_tokens,
+                      "parity": parity}),
           flush=True)
 
 

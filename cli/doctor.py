@@ -26,7 +26,10 @@ def doctor(model_path, context_tokens, as_json):
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload), what the CPU
     reports, the thread defaults, and t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after
     a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
-    so this curve says how much it can gain here. The decodes run in a child process: a build
+    so this curve says how much it can gain here. It also compares the rows of a batched
+    decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
+    they differ, greedy output with speculation can part from plain decoding's at a near-tie.
+    The decodes run in a child process: a build
     that crashes on this CPU (e.g. AMX compiled in on a VM that faults on it) is reported with
     its cause and fix instead of killing lookahead. Exit code 1 when batched decodes fail.
     """
@@ -80,6 +83,16 @@ def _print(report: dict, result) -> None:
         curve = ", ".join(f"t({n}) {t[n]:.1f} ms" for n in ("1", "8", "64") if n in t)
         ratio = f"; t(64)/t(1) = {t['64'] / t['1']:.1f}" if "1" in t and "64" in t and t["1"] > 0 else ""
         echo(f"batched decodes: OK. {curve}{ratio}")
+        parity = result.parity
+        if parity:
+            if parity["identical"] == parity["rows"]:
+                echo(f"  batched rows = one-token rows: yes ({parity['rows']} of {parity['rows']} bit for bit): "
+                     "greedy output with speculation is plain decoding's, token for token")
+            else:
+                echo(f"  batched rows = one-token rows: {parity['identical']} of {parity['rows']} "
+                     f"(largest logit difference {parity['max_logit_diff']:.3g}): greedy output can part from "
+                     "plain decoding's at a near-tie. A build with -DGGML_LLAMAFILE=OFF makes them identical "
+                     "(see the README: exact greedy parity)")
     else:
         echo("batched decodes: FAILED")
         echo(result.cause)

@@ -6,6 +6,7 @@ import json
 import platform
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -31,6 +32,46 @@ def test_batched_decodes_run_in_a_child_process(model_path):
     assert set(result.timings_ms) == {"1", "8", "64"}
     assert all(ms > 0 for ms in result.timings_ms.values())
     assert result.model_desc  # the child read the model
+    # The first row of the batch is decoded from the same KV state as the first one-token
+    # decode, so it is always identical (a rollback that left a token behind would break it);
+    # the other rows are identical exactly when llamafile's kernels are not compiled in.
+    parity = result.parity
+    assert parity["rows"] == health.PARITY_TOKENS and 1 <= parity["identical"] <= parity["rows"]
+    if health.system_info().get("LLAMAFILE") == "0":
+        assert parity["identical"] == parity["rows"] and parity["max_logit_diff"] == 0.0
+    else:
+        assert (parity["identical"] == parity["rows"]) == (parity["max_logit_diff"] == 0.0)
+
+
+class _RowsTarget:
+    """Logits rows as a function of (position, token); batched rows after the first can be
+    shifted, as llamafile's kernels shift them. Holds a KV length and checks rollbacks."""
+
+    n_vocab, n_ctx, max_batch = 50, 512, 64
+
+    def __init__(self, batch_shift: float = 0.0):
+        self.n_past, self.batch_shift = 10, batch_shift
+
+    def decode(self, tokens, n_logits):
+        pos = self.n_past + np.arange(len(tokens))
+        rows = np.sin(np.outer(pos * 31 + np.asarray(tokens), np.arange(self.n_vocab))).astype(np.float32)
+        if len(tokens) > 1:
+            rows[1:] += self.batch_shift
+        self.n_past += len(tokens)
+        return rows
+
+    def rollback(self, n_keep):
+        assert n_keep <= self.n_past
+        self.n_past = n_keep
+
+
+def test_batch_parity_compares_rows_bit_for_bit_and_rolls_back():
+    same = _RowsTarget()
+    assert health.batch_parity(same, 8) == {"rows": 8, "identical": 8, "max_logit_diff": 0.0}
+    assert same.n_past == 10
+    shifted = _RowsTarget(batch_shift=0.5)
+    assert health.batch_parity(shifted, 8) == {"rows": 8, "identical": 1, "max_logit_diff": 0.5}
+    assert shifted.n_past == 10
 
 
 def test_a_child_killed_by_a_signal_is_reported_with_its_stage_and_a_fix():
