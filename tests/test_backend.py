@@ -32,15 +32,14 @@ def test_batched_decodes_run_in_a_child_process(model_path):
     assert set(result.timings_ms) == {"1", "8", "64"}
     assert all(ms > 0 for ms in result.timings_ms.values())
     assert result.model_desc  # the child read the model
-    # The first row of the batch is decoded from the same KV state as the first one-token
-    # decode, so it is always identical (a rollback that left a token behind would break it);
-    # the other rows are identical exactly when llamafile's kernels are not compiled in.
+    # Without llamafile's kernels (not listed in the build's features) batched rows are the
+    # one-token rows; with them, how many rows match bit for bit depends on the data (0 to 9
+    # of the first rows here), and the largest difference says how far apart they are.
     parity = result.parity
-    assert parity["rows"] == health.PARITY_TOKENS and 1 <= parity["identical"] <= parity["rows"]
-    if health.system_info().get("LLAMAFILE") == "0":
-        assert parity["identical"] == parity["rows"] and parity["max_logit_diff"] == 0.0
-    else:
-        assert (parity["identical"] == parity["rows"]) == (parity["max_logit_diff"] == 0.0)
+    assert parity["rows"] == health.PARITY_TOKENS and 0 <= parity["identical"] <= parity["rows"]
+    assert (parity["identical"] == parity["rows"]) == (parity["max_logit_diff"] == 0.0)
+    if health.system_info().get("LLAMAFILE", "0") == "0":
+        assert parity["identical"] == parity["rows"]
 
 
 class _RowsTarget:
@@ -69,7 +68,7 @@ def test_batch_parity_compares_rows_bit_for_bit_and_rolls_back():
     same = _RowsTarget()
     assert health.batch_parity(same, 8) == {"rows": 8, "identical": 8, "max_logit_diff": 0.0}
     assert same.n_past == 10
-    shifted = _RowsTarget(batch_shift=0.5)
+    shifted = _RowsTarget(batch_shift=0.5)  # rows after a batch's first are off by 0.5
     assert health.batch_parity(shifted, 8) == {"rows": 8, "identical": 1, "max_logit_diff": 0.5}
     assert shifted.n_past == 10
 

@@ -8,7 +8,8 @@ things separately:
   argmax of the row it was chosen from (no tolerance);
 * equality with plain decoding: the sequences are identical, or the first difference sits at
   a position where plain decoding's own top-2 gap is below NEAR_TIE_GAP logits. The gap is
-  printed, so `pytest -s` shows what was measured.
+  printed, so `pytest -s` shows what was measured. On a build without llamafile's kernels
+  (`batch_rows_exact`) the rows are bit-identical and the sequences must be too.
 """
 from __future__ import annotations
 
@@ -19,9 +20,30 @@ import pytest
 
 import lookahead
 from conftest import SAMPLES, StepRecorder
+from lookahead.adapters import health
 from lookahead.adapters.llama_cpp import clear_kv_cache, llama_threads, sequence_ends
 
 NEAR_TIE_GAP = 1.0  # logits; batched-vs-single decode differences measured here stay below it
+_BATCH_ROWS_EXACT: list[bool] = []
+
+
+def batch_rows_exact(fast) -> bool:
+    """Whether this build's batched rows are its one-token rows, bit for bit (measured once).
+
+    A llama.cpp built without llamafile (-DGGML_LLAMAFILE=OFF) computes batched rows with the
+    one-token kernels: greedy output must then equal plain decoding's token for token."""
+    if not _BATCH_ROWS_EXACT:
+        target = fast.target
+        clear_kv_cache(fast.llm)
+        tokens = target.tokenize(CODE_PROMPT, add_bos=False)[:200]
+        target.begin(tokens)
+        target.decode(tokens[target.n_past:], 1)
+        parity = health.batch_parity(target)
+        target.end(tokens)
+        clear_kv_cache(fast.llm)
+        print(f"\nbatched rows against one-token rows: {parity}")
+        _BATCH_ROWS_EXACT.append(parity["identical"] == parity["rows"])
+    return _BATCH_ROWS_EXACT[0]
 
 pytestmark = pytest.mark.model
 
@@ -94,6 +116,9 @@ def test_greedy_speculation_equals_plain(eager, name):
         gap = plain_rec.gap[diverge]
         print(f"\n[{name}] outputs differ at token {diverge}: plain top-2 gap {gap:.4f} logits "
               f"(plain chose {a[diverge]}, speculative {b[diverge]})")
+        # Without llamafile's kernels a batched row is the one-token row, bit for bit (see
+        # lookahead.adapters.health.batch_parity): then no difference at all is allowed.
+        assert not batch_rows_exact(eager), f"outputs differ at token {diverge} on a build whose batched rows are exact"
         assert gap < NEAR_TIE_GAP, f"divergence at token {diverge} is not a near-tie (gap {gap:.3f})"
     stats = spec["speculation"]
     if name != "prose":  # copy-heavy prompts: speculation must have been exercised
