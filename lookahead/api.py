@@ -209,7 +209,7 @@ class Lookahead:
         drafter = None
         if speculate and self.max_draft > 0:
             drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy,
-                              tree_width=int(getattr(self.target, "tree_width", 1)))
+                              tree_width=int(getattr(self.target, "tree_width", 1)), is_stop=self.target.is_eog)
         # Beyond max_tokens the engine may need a few tokens to finish a multi-byte character
         # (llama-cpp-python keeps sampling while the text ends inside one).
         engine_max = min(text.max_tokens + 3, self.target.n_ctx - len(prompt_tokens))

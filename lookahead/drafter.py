@@ -47,7 +47,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -431,7 +431,11 @@ class Drafter:
     """
 
     def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.1, sampled: bool = False,
-                 tree_width: int = 1):
+                 tree_width: int = 1, is_stop: Callable[[int], bool] | None = None):
+        """`is_stop(token)`: whether the token ends generation (the target's end-of-generation
+        tokens). A draft never goes past one: the tokens after it could not be emitted, and a
+        copy of a prompt document runs on into the chat template's end-of-turn token and the
+        next turn's text (41 tokens drafted past the end of one in a replayed edit)."""
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
         if tree_width < 1:
@@ -441,6 +445,8 @@ class Drafter:
         self.min_gain = float(min_gain)
         self.sampled = bool(sampled)
         self.tree_width = int(tree_width)  # most branches (leaves) one draft may have
+        self.is_stop = is_stop
+        self._stops: dict[int, bool] = {}  # is_stop's answers so far (a C call each)
         self._threshold_curve: np.ndarray | None = None  # the curve `_threshold` was computed for
         self._threshold = 0.0
         self.reset()
@@ -617,9 +623,26 @@ class Drafter:
         spans: tuple = ()
         if self._rules_by_first and tokens:
             tokens, agreement, spans = self._substitute(tokens, agreement, limit)
+        end = self._through_stop(tokens)
+        if end < len(tokens):
+            tokens, agreement = tokens[:end], agreement[:end]
         if not tokens:
             return None
         return Candidate(tokens, agreement, match.length, kind, *match.positions[0], substituted=spans)
+
+    def _is_stop(self, token: int) -> bool:
+        known = self._stops.get(token)
+        if known is None:
+            known = self._stops[token] = bool(self.is_stop(token))
+        return known
+
+    def _through_stop(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` a draft may hold: up to and with the first stop token."""
+        if self.is_stop is not None:
+            for i, token in enumerate(tokens):
+                if self._is_stop(token):
+                    return i + 1
+        return len(tokens)
 
     def _propose_tree(self, index: SuffixIndex, match: Match, limit: int) -> Draft:
         """Best-first tree over the occurrences' continuations, sized by the cost curve.
@@ -670,7 +693,8 @@ class Drafter:
             rate = expected / curve[len(tokens) + 1]
             if rate > best_rate:
                 best_rate, best_n, best_expected = rate, len(tokens), expected
-            push(br.children, len(tokens) - 1, -neg_reach, depth + 1)
+            if self.is_stop is None or not self._is_stop(br.token):  # nothing follows a stop token
+                push(br.children, len(tokens) - 1, -neg_reach, depth + 1)
         if best_n == 0 or best_rate < self.min_gain / curve[1]:
             return EMPTY_DRAFT
         chosen_parents = tuple(parents[:best_n])

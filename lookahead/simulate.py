@@ -218,6 +218,15 @@ def _geomean(values: Sequence[float]) -> float:
     return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
+def with_stops(drafter: Drafter, trace: dict) -> Drafter:
+    """The drafter, stopping its drafts at the trace's end-of-generation tokens (its "eog"
+    list, as the model's vocabulary gives them), as the engine's drafter does."""
+    eog = frozenset(int(t) for t in trace.get("eog", ()))
+    if eog:
+        drafter.is_stop = eog.__contains__
+    return drafter
+
+
 def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool], Drafter],
            verbose: bool = False) -> dict[str, dict[str, float]]:
     """Replay every trace with the policy and the oracle; per category and 'all':
@@ -227,8 +236,8 @@ def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool
         sampled = float(t.get("temperature", 0.0)) > 0
         refs = t.get("references", ())
         cap = t.get("max_tokens")
-        r = replay(t["prompt"], t["output"], make_drafter(sampled), cost.cost_ms, refs, cap)
-        o = replay_oracle(t["prompt"], t["output"], make_drafter(sampled), cost.cost_ms, refs, cap)
+        r = replay(t["prompt"], t["output"], with_stops(make_drafter(sampled), t), cost.cost_ms, refs, cap)
+        o = replay_oracle(t["prompt"], t["output"], with_stops(make_drafter(sampled), t), cost.cost_ms, refs, cap)
         if verbose:
             print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} (oracle x{o.speedup:.2f}) "
                   f"e2e x{r.end_to_end:.2f} passes {r.passes} tokens/pass {r.tokens / r.passes:.2f} "

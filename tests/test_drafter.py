@@ -489,6 +489,21 @@ def test_propose_steep_curve_short_match_no_history_drafts_nothing():
     assert Drafter(linear_cost(10.0, 0.0)).propose(index, 8).tokens == [7, 1, 2, 7, 1, 2, 7, 1]
 
 
+def test_drafts_stop_at_an_end_of_generation_token():
+    """A copy of a prompt document runs on into the chat template: its end-of-turn token,
+    then the next turn. Nothing after an end-of-generation token can be emitted, so the
+    draft ends with it."""
+    stop = SEQ[15]
+    drafter = Drafter(linear_cost(10.0, 0.0), is_stop={stop}.__contains__)
+    draft = drafter.propose(repeat_index(), 40)
+    assert draft.tokens == SEQ[10:16]  # through the stop token, not past it
+    # without it, the same draft runs to the limit
+    assert Drafter(linear_cost(10.0, 0.0)).propose(repeat_index(), 40).tokens == SEQ[10:] + SEQ[:10]
+    # a stop token first: a draft of that token alone
+    first = Drafter(linear_cost(10.0, 0.0), is_stop={SEQ[10]}.__contains__).propose(repeat_index(), 40)
+    assert first.tokens == [SEQ[10]]
+
+
 def test_propose_from_a_reference():
     index = SuffixIndex()
     index.add_reference(SEQ)
@@ -572,6 +587,19 @@ def fork_index(extra=()):
 def check_topological(draft):
     assert draft.parents is not None and len(draft.parents) == len(draft.tokens)
     assert all(-1 <= p < j for j, p in enumerate(draft.parents))
+
+
+def test_tree_drafts_stop_at_an_end_of_generation_token():
+    # FORK's branches [10, 11, 12, ...] and [20, 21, 22, ...]; 11 ends generation.
+    drafter = Drafter(linear_cost(10.0, 0.0), tree_width=2, is_stop={11}.__contains__)
+    draft = drafter.propose(fork_index(), 64)
+    check_topological(draft)
+    assert 11 in draft.tokens and 20 in draft.tokens
+    stop = draft.tokens.index(11)
+    assert stop not in draft.parents  # nothing follows the stop token
+    assert 12 not in draft.tokens
+    # without it, that branch goes on
+    assert 12 in Drafter(linear_cost(10.0, 0.0), tree_width=2).propose(fork_index(), 64).tokens
 
 
 def test_tree_on_a_flat_curve_takes_both_branches():

@@ -221,3 +221,18 @@ def test_replay_of_randomly_edited_copies_runs_through(monkeypatch):
         assert r.tokens == len(output) and o.tokens == len(output)
         assert o.time_ms <= r.time_ms + 1e-9
     assert any(learned)
+
+
+def test_replays_stop_drafts_at_the_traces_end_of_generation_tokens():
+    """A trace's "eog" list reaches the drafter, as the engine gives it the model's: a copy of
+    the prompt's document then ends its draft at the end-of-turn token (5 here), not past it."""
+    from lookahead.index import SuffixIndex
+    from lookahead.simulate import pinned_cost, with_stops
+
+    doc = list(range(100, 130))
+    prompt = doc + [5, 6, 7] + doc[:4]
+    drafter = with_stops(Drafter(pinned_cost(((1, 10.0), (64, 10.0)))), {"eog": [5]})
+    index = SuffixIndex()
+    index.extend(prompt)
+    assert drafter.propose(index, 64).tokens == doc[4:] + [5]
+    assert with_stops(Drafter(pinned_cost()), {}).is_stop is None

@@ -45,7 +45,16 @@ def record_one(llm, workload: dict, temperature: float, seed: int = 1) -> dict:
     finally:
         del llm.generate
     return {"id": workload["id"], "category": workload["category"], "temperature": temperature,
-            "seed": seed, "max_tokens": workload["max_tokens"], "prompt": seen["prompt"], "output": seen["output"], "references": []}
+            "seed": seed, "max_tokens": workload["max_tokens"], "prompt": seen["prompt"], "output": seen["output"],
+            "references": [], "eog": eog_tokens(llm)}
+
+
+def eog_tokens(llm) -> list[int]:
+    """The model's end-of-generation tokens (drafts stop at them; the simulator needs them)."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    return [t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)]
 
 
 def record_traces(llm, workloads: list[dict], temperatures: list[float], log=sys.stderr) -> list[dict]:
