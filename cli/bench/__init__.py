@@ -43,7 +43,8 @@ from .summary import Run, summarise, summarise_group, summarise_workload
 from .table import format_table
 from .workloads import load_workloads
 
-__all__ = ["bench", "LocalMethods", "timed_stream", "LOOP_SHARE", "prompt_text", "repeat_share", "fit_alpha", "geometric_mean", "mean_draft_length",
-           "predicted_speedup", "relative_verify_cost", "resolve_prompt_lookup_calls", "rotated", "workload_seed",
+__all__ = ["bench", "LocalMethods", "timed_stream", "LOOP_SHARE", "prompt_text", "repeat_share", "fit_alpha",
+           "geometric_mean", "mean_draft_length", "predicted_speedup", "relative_verify_cost",
+           "resolve_prompt_lookup_calls", "rotated", "workload_seed",
            "LOOKAHEAD", "NO_DRAFT", "PLAIN", "PROMPT_LOOKUP", "require_matplotlib", "Run", "summarise",
            "summarise_group", "summarise_workload", "format_table", "load_workloads"]

@@ -123,21 +123,22 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
         by_method.setdefault(r.method, []).append(r)
     medians = {m: statistics.median(r.seconds for r in rs) for m, rs in by_method.items()}
     costs = {m: statistics.median(r.cost for r in rs) for m, rs in by_method.items()}
+    # At temperature 0: whether every repetition's text equals its baseline's.
+    identical: dict[str, bool] = {}
     if first.temperature == 0:
-        # A greedy text that left the baseline's at a near-tie may be much shorter or longer
-        # (91 tokens against 189 in one run): its wall time compares different work. Compare
-        # the time it would take at the baseline's length instead, which is its wall time when
-        # the texts are the same.
         for m, rs in by_method.items():
-            base_runs = by_method.get(baseline_of(m))
-            if m == baseline_of(m) or not base_runs:
-                continue
-            base_text = {r.rep: r.text for r in base_runs}
-            if all(base_text.get(r.rep) == r.text for r in rs):
-                continue
-            lengths = [r.output_tokens for r in base_runs if r.output_tokens]
-            if lengths:
-                costs[m] = statistics.median(r.cost_at_length(int(statistics.median(lengths))) for r in rs)
+            base = baseline_of(m)
+            if m != base and base in by_method:
+                base_text = {r.rep: r.text for r in by_method[base]}
+                identical[m] = all(base_text.get(r.rep) == r.text for r in rs)
+    # A greedy text that left the baseline's at a near-tie may be much shorter or longer (91
+    # tokens against 189 in one run): its wall time compares different work. Compare the time
+    # it would take at the baseline's length instead, which is its wall time when the texts
+    # are the same.
+    for m, same in identical.items():
+        lengths = [r.output_tokens for r in by_method[baseline_of(m)] if r.output_tokens]
+        if not same and lengths:
+            costs[m] = statistics.median(r.cost_at_length(int(statistics.median(lengths))) for r in by_method[m])
     if SERVER_PLAIN in by_method and PLAIN in by_method:
         # Another engine: llama-server applies the chat template its own way, so its outputs
         # differ from llama-cpp-python's and end-to-end times are not comparable. Compare
@@ -155,10 +156,6 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
         speedup = costs[base] / costs[m] if base in costs and costs[m] > 0 else None
         if m == SERVER_PLAIN:
             speedup = server_speedup if PLAIN in by_method else None
-        identical = None
-        if first.temperature == 0 and base in by_method and m != base:
-            base_text = {r.rep: r.text for r in by_method[base]}
-            identical = all(base_text.get(r.rep) == r.text for r in rs)
         methods[m] = {
             "seconds": [_round(r.seconds) for r in rs],
             "median_s": _round(medians[m]),
@@ -169,7 +166,7 @@ def summarise_workload(runs: Sequence[Run], cost_curve_ms: Sequence[float] | Non
             # the share of the call spent before the first token (prefill and first decode)
             "prefill_share": _round(statistics.median(r.ttft_s / r.seconds for r in rs))
             if all(r.ttft_s is not None and r.seconds > 0 for r in rs) else None,
-            "identical": identical,
+            "identical": identical.get(m),
             "ttft_s": _round(statistics.median(r.ttft_s for r in rs)) if all(r.ttft_s is not None for r in rs) else None,
             "speculation": speculation_summary(
                 _pooled_drafts(rs), _sum_optional(r.generated_tokens for r in rs),
