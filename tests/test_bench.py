@@ -337,6 +337,7 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert all(0.0 <= r["repeat_share"] <= 1.0 for r in result["runs"])
     assert overall["loops"]["of"] == 2 and overall["loop_free"]["n"] == 2 - overall["loops"]["workloads"]
     assert "wrote" in out.stderr and "[2/2] raw-prompt t=0 lookahead" in out.stderr
+    assert ("loop-free speedups" in out.stderr) == (overall["loops"]["workloads"] > 0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

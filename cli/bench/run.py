@@ -65,6 +65,11 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
     reused = [r.reused_prompt_tokens for r in runs if r.reused_prompt_tokens]
     if reused:
         log(f"warning: {len(reused)} lookahead calls reused a cached prompt prefix despite the reset")
+    looping = [row for row in rows if row.get("loops")]
+    if looping:
+        log(f"note: {len(looping)} of {len(rows)} workload runs have a plain output that loops (a quarter or more of "
+            f"it repeats itself, e.g. {looping[0]['id']} at t={looping[0]['temperature']:g}); a loop is cheap to "
+            "draft, so read the loop-free speedups (and the texts, with --json)")
     contended = sum(1 for r in runs if r.contended)
     if contended:
         log(f"warning: in {contended} lookahead calls another process took the cores (decoded with fewer "
