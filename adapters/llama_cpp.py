@@ -56,7 +56,14 @@ CONTENTION_SHARE = 0.85
 CONTENTION_WINDOW = 12
 CONTENTION_HOLD_S = 30.0
 CONTENTION_SLOWDOWN = 1.4
-_FASTEST_DECODE: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()  # one token, seconds
+# A one-token decode gets dearer with its position (attention): quiet, 2x the fastest at 2,000
+# tokens against 10. So the fastest is kept per band of this many positions, per Llama, and
+# carried to a later position as if a decode took (1 + position / DECODE_GROWTH_TOKENS) times
+# its time at 0 (SmolLM2-135M here: 7.6 ms at 200, 10.9 at 1,400, 2x at 2,000; a model whose
+# attention is a smaller share grows slower, and is then judged more leniently, not less).
+CONTENTION_BAND = 256
+DECODE_GROWTH_TOKENS = 2048
+_FASTEST_DECODE: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()  # band -> s
 _CONTENDED_UNTIL: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 # The tuned thread count is checked while it serves (see ThreadCheck), per Llama.
 _THREAD_CHECKS: "weakref.WeakKeyDictionary[Any, ThreadCheck]" = weakref.WeakKeyDictionary()
@@ -690,25 +697,25 @@ class LlamaCppTarget:
         signs together, over the last CONTENTION_WINDOW decodes: the process's CPU time over
         wall time per thread (1.0 quiet, 0.5-0.7 with the busy process; quiet one-token
         decodes alternate between 0.8 and 1.15, so it is not enough alone) under
-        CONTENTION_SHARE, and one-token decodes CONTENTION_SLOWDOWN times slower than the
-        fastest seen (or the cost curve's t(1)). Then every decode of the rest of the request,
-        and of the requests in the next CONTENTION_HOLD_S seconds, uses the Llama's own
-        `n_threads` (llama-cpp-python's default: half the cores), and `contended` is True.
+        CONTENTION_SHARE, and one-token decodes CONTENTION_SLOWDOWN times slower than a quiet
+        one at this position: the fastest seen in each CONTENTION_BAND of positions, carried to
+        this one by DECODE_GROWTH_TOKENS (a quiet decode at 2,000 tokens takes 2x the fastest
+        at 10, so the fastest of all would make the second sign always true on long requests).
+        Then every decode of the rest of the request, and of the requests in the next
+        CONTENTION_HOLD_S seconds, uses the Llama's own `n_threads` (llama-cpp-python's
+        default: half the cores), and `contended` is True.
         """
         self._shares.append(cpu_s / wall_s / threads if wall_s > 0 else 1.0)
+        band = self.n_past // CONTENTION_BAND
+        fastest = _FASTEST_DECODE.setdefault(self.llm, {})
         if n_tokens == 1:
             self._walls.append(wall_s)
-            best = min(_FASTEST_DECODE.get(self.llm, wall_s), wall_s)
-            _FASTEST_DECODE[self.llm] = best
-        if len(self._shares) < CONTENTION_WINDOW or len(self._walls) < CONTENTION_WINDOW // 2:
+            fastest[band] = min(fastest.get(band, wall_s), wall_s)
+        if len(self._shares) < CONTENTION_WINDOW or len(self._walls) < CONTENTION_WINDOW // 2 or not fastest:
             return
-        baseline = _FASTEST_DECODE[self.llm]
-        cost = _COST_MODELS.get(self.llm)
-        if cost is not None and cost.calibrated:
-            baseline = min(baseline, cost.cost_ms(1) / 1000)
         # (statistics.median: a dozen values, at every decode; numpy's costs tens of microseconds)
         if (statistics.median(self._shares) < CONTENTION_SHARE
-                and statistics.median(self._walls) > CONTENTION_SLOWDOWN * baseline):
+                and statistics.median(self._walls) > CONTENTION_SLOWDOWN * quiet_decode_s(fastest, band)):
             self.contended = True
             _CONTENDED_UNTIL[self.llm] = time.monotonic() + CONTENTION_HOLD_S
             own = self._llama_threads[0] if self._llama_threads is not None else int(self.llm.n_threads)
@@ -775,6 +782,16 @@ class LlamaCppTarget:
         if out:
             self._remember(verify_ms={str(n): round(ms, 3) for n, ms in out.items()})
         return out
+
+
+def quiet_decode_s(fastest: dict[int, float], band: int) -> float:
+    """What a quiet one-token decode takes in position band `band`, from the fastest seen per
+    band: each band's fastest carried forward by DECODE_GROWTH_TOKENS (a later band's as it
+    is: a lenient guess), the least of them."""
+    def growth(b: int) -> float:
+        return 1.0 + b * CONTENTION_BAND / DECODE_GROWTH_TOKENS
+
+    return min(s * growth(band) / growth(b) if b < band else s for b, s in fastest.items())
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -235,3 +235,46 @@ def test_thread_check_tries_a_clearly_slower_count_less_often():
             check.chosen(0.010)
             since += 1
     assert gaps[:3] == [3, 2, 2] and set(gaps[3:]) == {8}
+
+
+# ---- contention: one-token decodes against a quiet one at the same position ------------------
+def test_a_quiet_decode_is_carried_to_later_positions():
+    from lookahead.adapters.llama_cpp import CONTENTION_BAND, DECODE_GROWTH_TOKENS, quiet_decode_s
+
+    growth = lambda band: 1 + band * CONTENTION_BAND / DECODE_GROWTH_TOKENS  # noqa: E731
+    assert quiet_decode_s({0: 0.0065}, 7) == pytest.approx(0.0065 * growth(7))  # 1.875x at ~1,800
+    assert quiet_decode_s({0: 0.0065, 7: 0.0100}, 7) == pytest.approx(0.0100)  # seen there: that
+    assert quiet_decode_s({0: 0.0065, 7: 0.0200}, 7) == pytest.approx(0.0065 * growth(7))  # the least
+    assert quiet_decode_s({9: 0.015}, 3) == 0.015  # a later band's, as it is (lenient)
+
+
+def _watcher(n_past, fastest):
+    """The adapter's contention bookkeeping, on a stand-in target (no Llama)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    import lookahead.adapters.llama_cpp as adapter
+
+    class FakeLlama:  # weakly referenced by the adapter's per-Llama tables
+        n_threads = 1
+
+    llm = FakeLlama()
+    adapter._FASTEST_DECODE[llm] = dict(fastest)
+    switched = []
+    lib = SimpleNamespace(llama_set_n_threads=lambda ctx, a, b: switched.append((a, b)))
+    return SimpleNamespace(llm=llm, n_past=n_past, contended=False, _llama_threads=(1, 2), _lib=lib, _ctx=None,
+                           _shares=deque(maxlen=adapter.CONTENTION_WINDOW),
+                           _walls=deque(maxlen=adapter.CONTENTION_WINDOW)), switched
+
+
+@pytest.mark.parametrize("wall_ms, contended", [(13.0, False), (24.0, True)])
+def test_contention_at_a_long_position_is_judged_against_that_position(wall_ms, contended):
+    """At position 2,000 a quiet one-token decode takes about 2x the fastest one seen at 10
+    (measured here: 1.9-2.0x). With the threads' CPU share low (it dips in quiet runs too),
+    only a decode slower than a quiet one *there* is contention."""
+    from lookahead.adapters.llama_cpp import CONTENTION_WINDOW, LlamaCppTarget
+
+    target, switched = _watcher(2000, {0: 0.0065})
+    for _ in range(CONTENTION_WINDOW):
+        LlamaCppTarget._watch_contention(target, wall_ms / 1000, 0.7 * 2 * wall_ms / 1000, 2, 1)
+    assert target.contended is contended and bool(switched) is contended

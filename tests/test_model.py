@@ -374,7 +374,7 @@ def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, m
     reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
     # every decode seems to get one core's worth of CPU time, whatever its threads, and to be
     # far slower than the fastest one-token decode seen
-    monkeypatch.setitem(adapter._FASTEST_DECODE, llm, 1e-6)
+    monkeypatch.setitem(adapter._FASTEST_DECODE, llm, {band: 1e-6 for band in range(1024 // adapter.CONTENTION_BAND)})
     monkeypatch.setattr(adapter, "time", SimpleNamespace(perf_counter=real_time.perf_counter,
                                                          process_time=real_time.perf_counter,
                                                          monotonic=real_time.monotonic))
