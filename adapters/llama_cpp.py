@@ -711,7 +711,7 @@ class LlamaCppTarget:
         if n_tokens == 1:
             self._walls.append(wall_s)
             fastest[band] = min(fastest.get(band, wall_s), wall_s)
-        if len(self._shares) < CONTENTION_WINDOW or len(self._walls) < CONTENTION_WINDOW // 2 or not fastest:
+        if len(self._shares) < CONTENTION_WINDOW or len(self._walls) < CONTENTION_WINDOW // 2:
             return
         # (statistics.median: a dozen values, at every decode; numpy's costs tens of microseconds)
         if (statistics.median(self._shares) < CONTENTION_SHARE
