@@ -73,6 +73,26 @@ def library_path() -> Path:
     return Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
+# lookahead's patches to llama.cpp (adapters/patches, applied by scripts/setup.sh), each known
+# by a name its code leaves in the CPU library's symbol table.
+PATCH_MARKERS = {"Q4_1 batch kernel": b"tinyBLAS_Q4_1_AVX2"}
+
+
+def build_patches(lib: Path | None = None) -> list[str]:
+    """The names of lookahead's llama.cpp patches compiled into this build (none: stock)."""
+    lib = library_path() if lib is None else lib
+    found = []
+    for name, marker in PATCH_MARKERS.items():
+        for f in sorted(lib.glob("libggml-cpu*")) if lib.is_dir() else []:
+            try:
+                if f.is_file() and not f.is_symlink() and marker in f.read_bytes():
+                    found.append(name)
+                    break
+            except OSError:
+                continue
+    return found
+
+
 def build_identity() -> str:
     """Changes whenever the installed llama.cpp libraries change (path, size, mtime)."""
     parts = []

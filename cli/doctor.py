@@ -23,8 +23,9 @@ CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", 
 def doctor(model_path, context_tokens, as_json):
     """Check that llama.cpp runs batched decodes on this machine, and time them.
 
-    Prints the llama-cpp-python build (its compiled CPU features, GPU offload), what the CPU
-    reports, the thread defaults, and t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after
+    Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
+    lookahead's llama.cpp patches it holds), what the CPU reports, the thread defaults, and
+    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after
     a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
     so this curve says how much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
@@ -45,6 +46,7 @@ def doctor(model_path, context_tokens, as_json):
         "library": str(health.library_path()),
         "compiled_features": {k: v for k, v in info.items()},
         "gpu_offload": health.gpu_offload(),
+        "patches": health.build_patches(),
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
@@ -65,6 +67,8 @@ def _print(report: dict, result) -> None:
     compiled = [k for k, v in report["compiled_features"].items() if v == "1"]
     echo(f"  compiled:  {' '.join(compiled) or '(none reported)'}")
     echo(f"  backend:   {'GPU offload available' if report['gpu_offload'] else 'CPU only (no GPU offload in this build)'}")
+    echo(f"  patches:   {', '.join(report['patches']) if report['patches'] else 'none (stock llama.cpp)'}"
+         + ("" if report["patches"] else "; scripts/setup.sh adds a batch kernel for Q4_1 weights"))
     cpu = report["cpu"]
     echo(f"cpu: {cpu['model']}, {cpu['count']} logical CPUs")
     echo(f"  reports:   {' '.join(cpu['reports']) or '(no x86 flags read)'}")

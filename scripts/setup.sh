@@ -8,9 +8,13 @@
 # is kept in ~/.cache/lookahead/wheels under a key of those flags, the version and the
 # compiler, so a wheel built with other flags is never reused. Your own CMAKE_ARGS are
 # appended (they win), e.g. CMAKE_ARGS="-DGGML_CUDA=on" or "-DGGML_NATIVE=ON" for a native
-# build with AMX where it works. Safe to run again: it only rebuilds when the key changes.
+# build with AMX where it works. The source gets lookahead's patches to llama.cpp first
+# (adapters/patches: a batch kernel for Q4_1 weights, which verification is made of);
+# LOOKAHEAD_NO_PATCHES=1 builds the stock source. Safe to run again: it only rebuilds when the
+# key (which covers the patches) changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 PY=${PYTHON:-python3}
 LLAMA_CPP_VERSION=0.3.36   # pinned in pyproject.toml: lookahead.sampling mirrors its sampler chain
 
@@ -22,7 +26,12 @@ fi
 # ---- llama-cpp-python, built for this machine -------------------------------------------
 cmake_args="$("$PY" adapters/cmake_args.py) ${CMAKE_ARGS:-}"
 cc_version="$( (${CC:-cc} --version 2>/dev/null || true) | head -n 1)"
-key=$(printf '%s\n' "$LLAMA_CPP_VERSION" "$cmake_args" "$(uname -m)" "$cc_version" \
+patches=()
+if [ "${LOOKAHEAD_NO_PATCHES:-0}" = 0 ]; then
+    patches=(adapters/patches/*.patch)
+fi
+patch_sum=$(cat /dev/null "${patches[@]}" | sha256sum | cut -c1-16)
+key=$(printf '%s\n' "$LLAMA_CPP_VERSION" "$cmake_args" "$patch_sum" "$(uname -m)" "$cc_version" \
       "$(.venv/bin/python -c 'import sys; print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/lookahead/wheels/$key"
 stamp=.venv/lookahead-llama-build
@@ -30,14 +39,28 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
     if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
         echo "building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (about 5 minutes on 2 cores):"
         echo "  CMAKE_ARGS=$cmake_args"
-        mkdir -p "$wheels.tmp"
+        echo "  patches: ${patches[*]:-none}"
+        rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
+        src=$(mktemp -d)
+        trap 'rm -rf "$src"' EXIT
+        .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
+            "llama-cpp-python==$LLAMA_CPP_VERSION" -d "$src"
+        tar xzf "$src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$src"
+        tree="$src/llama_cpp_python-$LLAMA_CPP_VERSION"
+        for p in "${patches[@]}"; do
+            # git apply works as `patch` outside a repository; the ceiling keeps it from
+            # finding one above the temporary folder. --check first: nothing half-applied.
+            (cd "$tree" && GIT_CEILING_DIRECTORIES="$src" git apply --check -p1 "$root/$p" \
+                && GIT_CEILING_DIRECTORIES="$src" git apply -p1 "$root/$p") \
+                || { echo "setup: $p does not apply to llama-cpp-python $LLAMA_CPP_VERSION" >&2; exit 1; }
+        done
         # --no-cache-dir: pip's own wheel cache ignores CMAKE_ARGS and would hand back a
         # wheel built with other flags (e.g. -march=native).
         CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
-            .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps \
-            "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$wheels.tmp"
+            .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps "$tree" -w "$wheels.tmp"
         rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
         printf '%s\n' "$cmake_args" > "$wheels/CMAKE_ARGS"
+        printf '%s\n' "${patches[@]}" > "$wheels/PATCHES"
     fi
     .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
     echo "$key" > "$stamp"

@@ -1,0 +1,131 @@
+"""Q4_1 weight products in the installed llama.cpp, called through ggml's C API (ctypes).
+
+scripts/setup.sh patches llama.cpp with a batch kernel for Q4_1 weights
+(adapters/patches/ggml-q4_1-batch-kernel.patch). Its contract: every element of a batched
+product equals the one-column product bit for bit, and both are the true product of the
+quantized weights. These tests hold any build to that contract (a stock build meets it with
+its one-dot-product-per-column path), so a wrong or reordered kernel fails here; and they check
+that the set-up did compile the kernel in where it applies.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from lookahead.adapters import health
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_Q4_1 = 3
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    import llama_cpp  # noqa: F401  (loads the libraries below, with their dependencies)
+
+    return load_ggml(health.library_path())
+
+
+def load_ggml(lib):
+    """ggml's base and CPU libraries in folder `lib`, with the C signatures used here."""
+    base = ctypes.CDLL(str(lib / "libggml-base.so"))
+    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
+    p = ctypes.c_void_p
+    base.ggml_init.argtypes, base.ggml_init.restype = [_InitParams], p
+    base.ggml_free.argtypes, base.ggml_free.restype = [p], None
+    base.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_new_tensor_2d.restype = p
+    base.ggml_mul_mat.argtypes, base.ggml_mul_mat.restype = [p, p, p], p
+    base.ggml_new_graph.argtypes, base.ggml_new_graph.restype = [p], p
+    base.ggml_build_forward_expand.argtypes, base.ggml_build_forward_expand.restype = [p, p], None
+    base.ggml_get_data.argtypes, base.ggml_get_data.restype = [p], p
+    base.ggml_nbytes.argtypes, base.ggml_nbytes.restype = [p], ctypes.c_size_t
+    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p]
+    base.ggml_quantize_chunk.restype = ctypes.c_size_t
+    cpu.ggml_graph_compute_with_ctx.argtypes, cpu.ggml_graph_compute_with_ctx.restype = [p, p, ctypes.c_int], ctypes.c_int
+    if hasattr(cpu, "ggml_cpu_init"):
+        cpu.ggml_cpu_init.argtypes, cpu.ggml_cpu_init.restype = [], None
+        cpu.ggml_cpu_init()
+    return base, cpu
+
+
+def _q4_1_products(ggml, weights: np.ndarray, xs: np.ndarray, threads: int = 2):
+    """(quantized weight bytes, W·X for all columns at once, W·x for each column alone)."""
+    base, cpu = ggml
+    m, k = weights.shape
+    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    assert ctx, "ggml_init failed"
+    try:
+        w = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, k, m)
+        wf = np.ascontiguousarray(weights, dtype=np.float32)
+        base.ggml_quantize_chunk(GGML_TYPE_Q4_1, wf.ctypes.data, base.ggml_get_data(w), 0, m, k, None)
+        w_bytes = ctypes.string_at(base.ggml_get_data(w), base.ggml_nbytes(w))
+
+        def product(cols: np.ndarray) -> np.ndarray:
+            cols = np.ascontiguousarray(cols, dtype=np.float32)
+            x = base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, cols.shape[0])
+            ctypes.memmove(base.ggml_get_data(x), cols.ctypes.data, cols.nbytes)
+            y = base.ggml_mul_mat(ctx, w, x)
+            graph = base.ggml_new_graph(ctx)
+            base.ggml_build_forward_expand(graph, y)
+            assert cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) == 0
+            out = np.empty((cols.shape[0], m), dtype=np.float32)
+            ctypes.memmove(out.ctypes.data, base.ggml_get_data(y), out.nbytes)
+            return out
+
+        return w_bytes, product(xs), np.stack([product(xs[j : j + 1])[0] for j in range(len(xs))])
+    finally:
+        base.ggml_free(ctx)
+
+
+def _dequantize_q4_1(raw: bytes, m: int, k: int) -> np.ndarray:
+    """block_q4_1: fp16 d, fp16 m, 16 bytes of nibbles (low nibbles are the block's first 16)."""
+    blocks = np.frombuffer(raw, dtype=np.uint8).reshape(m, k // 32, 20)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float64)
+    mn = blocks[..., 2:4].copy().view(np.float16).astype(np.float64)
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float64)
+    return (d * q + mn).reshape(m, k)
+
+
+# Shapes: SmolLM2-135M's (576 wide, 1536 in the MLP), and rows that are no multiple of 4.
+@pytest.mark.parametrize("m,k", [(576, 576), (1536, 576), (578, 1536), (3, 64)])
+def test_batched_q4_1_products_equal_one_column_products(ggml, m, k):
+    rng = np.random.default_rng(m * 7 + k)
+    weights = rng.normal(0.01, 0.05, size=(m, k))
+    for n in (2, 3, 4, 5, 7, 9, 64):
+        xs = rng.normal(0, 1, size=(n, k))
+        raw, batched, single = _q4_1_products(ggml, weights, xs)
+        differ = np.flatnonzero((batched != single).any(axis=1))
+        assert differ.size == 0, f"m={m} k={k} n={n}: columns {differ.tolist()} differ from one-column products"
+        # And both are the product of the quantized weights with the activations (which ggml
+        # rounds to 8 bits per value on the way: hence the tolerance, far below any slip).
+        exact = xs @ _dequantize_q4_1(raw, m, k).T
+        scale = np.abs(exact).max()
+        assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
+
+
+def test_setup_compiled_in_the_q4_1_batch_kernel():
+    """scripts/setup.sh applies adapters/patches; on x86 with AVX2 and llamafile's kernels
+    (llama.cpp's default) the Q4_1 kernel must be in the CPU library."""
+    info = health.system_info()
+    if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
+        pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
+    if info.get("AVX2") != "1" or info.get("LLAMAFILE") != "1":
+        pytest.skip("the kernel is for x86 with AVX2, in llamafile's sgemm (not in this build)")
+    assert "Q4_1 batch kernel" in health.build_patches(), (
+        "llama-cpp-python was not built by scripts/setup.sh with adapters/patches applied")
+
+
+def test_build_patches_reads_the_marker(tmp_path):
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS["Q4_1 batch kernel"] + b"...")
+    assert health.build_patches(tmp_path) == ["Q4_1 batch kernel"]
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")
+    assert health.build_patches(tmp_path) == []
+    assert health.build_patches(tmp_path / "missing") == []
