@@ -78,6 +78,15 @@ def library_path() -> Path:
 PATCH_MARKERS = {"Q4_1 batch kernel": b"tinyBLAS_Q4_1_AVX2"}
 
 
+# Read by the patched llama.cpp once per process, at its first batched product: "1" leaves
+# every product but Q4_1's to the one-token kernels, so batched rows equal one-token rows.
+EXACT_BATCHES_ENV = "LOOKAHEAD_EXACT_BATCHES"
+
+
+def exact_batches_requested() -> bool:
+    return os.environ.get(EXACT_BATCHES_ENV, "") not in ("", "0")
+
+
 def build_patches(lib: Path | None = None) -> list[str]:
     """The names of lookahead's llama.cpp patches compiled into this build (none: stock)."""
     lib = library_path() if lib is None else lib
@@ -140,16 +149,17 @@ class ProbeResult:
 
 
 def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 3, timeout: float = 300.0,
-          command: list[str] | None = None) -> ProbeResult:
+          command: list[str] | None = None, extra_env: dict[str, str] | None = None) -> ProbeResult:
     """Run the batched-decode check in a child process and explain a failure.
 
-    `command` replaces the child's command line (tests use it to simulate a crash).
+    `command` replaces the child's command line (tests use it to simulate a crash);
+    `extra_env` is added to the child's environment (e.g. EXACT_BATCHES_ENV).
     """
     cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
                       str(context_tokens), str(reps)]
     result = ProbeResult(ok=False, model=str(model_path))
     # The child's timings are for this report only: a short context, not the user's settings.
-    env = {**os.environ, "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
+    env = {**os.environ, **(extra_env or {}), "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

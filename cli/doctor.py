@@ -40,13 +40,21 @@ def doctor(model_path, context_tokens, as_json):
     info = health.system_info()
     flags = health.cpu_flags()
     result = health.probe(path, context_tokens=context_tokens)
+    patches = health.build_patches()
+    exact = None
+    if (result.ok and result.parity and result.parity["identical"] < result.parity["rows"]
+            and "Q4_1 batch kernel" in patches and not health.exact_batches_requested()):
+        # This build can make its batched rows exact at run time: show what that gives and costs.
+        exact = health.probe(path, context_tokens=context_tokens, extra_env={health.EXACT_BATCHES_ENV: "1"})
     report = {
         "lookahead": dist_version("lookahead"),
         "llama_cpp_python": dist_version("llama-cpp-python"),
         "library": str(health.library_path()),
         "compiled_features": {k: v for k, v in info.items()},
         "gpu_offload": health.gpu_offload(),
-        "patches": health.build_patches(),
+        "patches": patches,
+        "exact_batches": {"requested": health.exact_batches_requested(),
+                          "check": exact.to_dict() if exact is not None else None},
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
@@ -55,12 +63,16 @@ def doctor(model_path, context_tokens, as_json):
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
-        _print(report, result)
+        _print(report, result, exact)
     if not result.ok:
         raise SystemExit(1)
 
 
-def _print(report: dict, result) -> None:
+def _timings(t: dict) -> str:
+    return ", ".join(f"t({n}) {t[n]:.1f} ms" for n in ("1", "8", "64") if n in t)
+
+
+def _print(report: dict, result, exact=None) -> None:
     echo = click.echo
     echo(f"lookahead {report['lookahead']}, llama-cpp-python {report['llama_cpp_python']}")
     echo(f"  library:   {report['library']}")
@@ -84,19 +96,29 @@ def _print(report: dict, result) -> None:
     echo(f"model: {result.model}" + (f" ({result.model_desc})" if result.model_desc else ""))
     if result.ok:
         t = result.timings_ms
-        curve = ", ".join(f"t({n}) {t[n]:.1f} ms" for n in ("1", "8", "64") if n in t)
+        curve = _timings(t)
         ratio = f"; t(64)/t(1) = {t['64'] / t['1']:.1f}" if "1" in t and "64" in t and t["1"] > 0 else ""
         echo(f"batched decodes: OK. {curve}{ratio}")
         parity = result.parity
         if parity:
             if parity["identical"] == parity["rows"]:
-                echo(f"  batched rows = one-token rows: yes ({parity['rows']} of {parity['rows']} bit for bit): "
-                     "greedy output with speculation is plain decoding's, token for token")
+                how = " (LOOKAHEAD_EXACT_BATCHES=1)" if report["exact_batches"]["requested"] else ""
+                echo(f"  batched rows = one-token rows: yes ({parity['rows']} of {parity['rows']} bit for bit)"
+                     f"{how}: greedy output with speculation is plain decoding's, token for token")
             else:
                 echo(f"  batched rows = one-token rows: {parity['identical']} of {parity['rows']} "
                      f"(largest logit difference {parity['max_logit_diff']:.3g}): greedy output can part from "
-                     "plain decoding's at a near-tie. A build with -DGGML_LLAMAFILE=OFF makes them identical "
-                     "(see the README: exact greedy parity)")
+                     "plain decoding's at a near-tie (see the README: exact greedy parity)")
+                if exact is not None and exact.ok and exact.parity:
+                    p = exact.parity
+                    echo(f"  with LOOKAHEAD_EXACT_BATCHES=1: {p['identical']} of {p['rows']} bit for bit; "
+                         f"{_timings(exact.timings_ms)}")
+                elif report["exact_batches"]["requested"]:
+                    echo("  LOOKAHEAD_EXACT_BATCHES=1 is set, yet they differ: the build lacks lookahead's "
+                         "patch, or the model's weights use a repacked batch kernel (e.g. Q4_0)")
+                elif "Q4_1 batch kernel" not in report["patches"]:
+                    echo("  with lookahead's patch (scripts/setup.sh's build), LOOKAHEAD_EXACT_BATCHES=1 makes "
+                         "them identical; so does a -DGGML_LLAMAFILE=OFF build, slower")
     else:
         echo("batched decodes: FAILED")
         echo(result.cause)

@@ -14,7 +14,6 @@ import os
 
 import numpy as np
 import pytest
-
 from lookahead.adapters import health
 
 GGML_TYPE_F32 = 0

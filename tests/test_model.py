@@ -551,3 +551,40 @@ def test_a_prompt_sent_again_after_another_skips_its_prefill(fresh):
     off = lookahead.wrap(fresh, calibrate=False, prefix_cache_mb=0)
     off.create_completion(CODE_PROMPT, max_tokens=8, temperature=0)
     assert off.create_completion(EDIT_PROMPT, max_tokens=8, temperature=0)["speculation"]["reused_prompt_tokens"] < 20
+
+
+_EXACT_CHILD = """
+import json, sys
+import lookahead
+prompts = json.load(sys.stdin)
+fast = lookahead.load(n_ctx=2048)
+out = {}
+for name, prompt in prompts.items():
+    plain = fast.create_completion(prompt, max_tokens=120, temperature=0, speculate=False)
+    spec = fast.create_completion(prompt, max_tokens=120, temperature=0, speculate=True)
+    out[name] = {"plain": plain["choices"][0]["text"], "spec": spec["choices"][0]["text"],
+                 "drafted": spec["speculation"]["drafted"], "accepted": spec["speculation"]["accepted"]}
+print(json.dumps(out))
+"""
+
+
+def test_exact_batches_give_plain_greedy_output_token_for_token(model_path):
+    """With lookahead's patch and LOOKAHEAD_EXACT_BATCHES=1 (in a fresh process: llama.cpp reads
+    it once), batched rows are one-token rows, so greedy output with speculation must be plain
+    decoding's exactly, on every prompt, with no near-tie allowance."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if "Q4_1 batch kernel" not in health.build_patches():
+        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+    env = {**os.environ, health.EXACT_BATCHES_ENV: "1"}
+    proc = subprocess.run([sys.executable, "-c", _EXACT_CHILD], input=json.dumps(PROMPTS), capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in results.items():
+        assert r["spec"] == r["plain"], f"[{name}] speculative greedy output differs from plain with exact batches"
+        if name != "prose":
+            assert r["drafted"] > 0 and r["accepted"] > 0, name
