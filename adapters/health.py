@@ -78,8 +78,9 @@ def library_path() -> Path:
 PATCH_MARKERS = {"Q4_1 batch kernel": b"tinyBLAS_Q4_1_AVX2"}
 
 
-# Read by the patched llama.cpp once per process, at its first batched product: "1" leaves
-# every product but Q4_1's to the one-token kernels, so batched rows equal one-token rows.
+# Read by the patched llama.cpp once per process, at its first batched product: "1" keeps
+# only the batch kernels that equal the one-token products bit for bit (Q4_1, Q8_0) and leaves
+# the rest (attention) to the one-token kernels, so batched rows equal one-token rows.
 EXACT_BATCHES_ENV = "LOOKAHEAD_EXACT_BATCHES"
 
 

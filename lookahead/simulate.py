@@ -31,13 +31,13 @@ import numpy as np
 from .drafter import _BUCKET_UPPER, KIND_NAMES, N_KINDS, CostModel, Draft, Drafter, _bucket
 from .index import SuffixIndex
 
-# Verify cost t(n) in ms of one decode of n tokens at position 500, SmolLM2-135M Q4_1 on a
-# 2-core AMD EPYC VM with 2 threads, medians of 3 rounds on a quiet machine (2026-11-30; the
-# adapter's `calibrate`, as `lookahead doctor` runs it). An earlier VM of the same kind, with
-# llama-cpp-python's default of 1 thread for one-token decodes, measured t(1) 8.8, t(2) 22.9,
-# t(8) 56, t(64) 296. Replace it with your machine's: `--curve` takes the same form
-# (`lookahead bench ... --json` prints the curve it learned as cost_curve_ms).
-DEFAULT_CURVE = ((1, 7.6), (2, 14.0), (4, 19.2), (8, 29.1), (16, 50.0), (32, 91.5), (64, 175.9))
+# Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core AMD EPYC VM
+# with 2 threads, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
+# rounds, cost_curve_ms in its --json) on 2026-11-30, with scripts/setup.sh's build, which has
+# lookahead's Q4_1 batch kernel (adapters/patches). The stock build's curve, same VM and day:
+# STOCK_Q4_1_CURVE. Replace it with your machine's: `--curve` takes the same form.
+DEFAULT_CURVE = ((1, 7.6), (2, 11.0), (4, 14.4), (8, 25.7), (16, 42.2), (32, 65.7), (64, 111.0))
+STOCK_Q4_1_CURVE = ((1, 7.6), (2, 14.0), (4, 19.2), (8, 29.1), (16, 50.0), (32, 91.5), (64, 175.9))
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""Q4_1 weight products in the installed llama.cpp, called through ggml's C API (ctypes).
+"""Weight products in the installed llama.cpp, called through ggml's C API (ctypes).
 
 scripts/setup.sh patches llama.cpp with a batch kernel for Q4_1 weights
 (adapters/patches/ggml-q4_1-batch-kernel.patch). Its contract: every element of a batched
 product equals the one-column product bit for bit, and both are the true product of the
 quantized weights. These tests hold any build to that contract (a stock build meets it with
 its one-dot-product-per-column path), so a wrong or reordered kernel fails here; and they check
-that the set-up did compile the kernel in where it applies.
+that the set-up did compile the kernel in where it applies. Q8_0 is held to the same: the
+patch's exact mode (LOOKAHEAD_EXACT_BATCHES=1) keeps llamafile's Q8_0 kernel (the embedded
+model's output layer) because its results equal the one-token products.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from lookahead.adapters import health
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_Q4_1 = 3
+GGML_TYPE_Q8_0 = 8
 
 
 class _InitParams(ctypes.Structure):
@@ -54,16 +57,16 @@ def load_ggml(lib):
     return base, cpu
 
 
-def _q4_1_products(ggml, weights: np.ndarray, xs: np.ndarray, threads: int = 2):
+def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: int = 2):
     """(quantized weight bytes, W·X for all columns at once, W·x for each column alone)."""
     base, cpu = ggml
     m, k = weights.shape
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
     assert ctx, "ggml_init failed"
     try:
-        w = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, k, m)
+        w = base.ggml_new_tensor_2d(ctx, wtype, k, m)
         wf = np.ascontiguousarray(weights, dtype=np.float32)
-        base.ggml_quantize_chunk(GGML_TYPE_Q4_1, wf.ctypes.data, base.ggml_get_data(w), 0, m, k, None)
+        base.ggml_quantize_chunk(wtype, wf.ctypes.data, base.ggml_get_data(w), 0, m, k, None)
         w_bytes = ctypes.string_at(base.ggml_get_data(w), base.ggml_nbytes(w))
 
         def product(cols: np.ndarray) -> np.ndarray:
@@ -83,29 +86,36 @@ def _q4_1_products(ggml, weights: np.ndarray, xs: np.ndarray, threads: int = 2):
         base.ggml_free(ctx)
 
 
-def _dequantize_q4_1(raw: bytes, m: int, k: int) -> np.ndarray:
-    """block_q4_1: fp16 d, fp16 m, 16 bytes of nibbles (low nibbles are the block's first 16)."""
-    blocks = np.frombuffer(raw, dtype=np.uint8).reshape(m, k // 32, 20)
+def _dequantize(wtype: int, raw: bytes, m: int, k: int) -> np.ndarray:
+    if wtype == GGML_TYPE_Q4_1:
+        # block_q4_1: fp16 d, fp16 m, 16 bytes of nibbles (low nibbles: the block's first 16)
+        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(m, k // 32, 20)
+        d = blocks[..., 0:2].copy().view(np.float16).astype(np.float64)
+        mn = blocks[..., 2:4].copy().view(np.float16).astype(np.float64)
+        qs = blocks[..., 4:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float64)
+        return (d * q + mn).reshape(m, k)
+    # block_q8_0: fp16 d, 32 signed bytes
+    blocks = np.frombuffer(raw, dtype=np.uint8).reshape(m, k // 32, 34)
     d = blocks[..., 0:2].copy().view(np.float16).astype(np.float64)
-    mn = blocks[..., 2:4].copy().view(np.float16).astype(np.float64)
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float64)
-    return (d * q + mn).reshape(m, k)
+    q = blocks[..., 2:].copy().view(np.int8).astype(np.float64)
+    return (d * q).reshape(m, k)
 
 
 # Shapes: SmolLM2-135M's (576 wide, 1536 in the MLP), and rows that are no multiple of 4.
+@pytest.mark.parametrize("wtype", [GGML_TYPE_Q4_1, GGML_TYPE_Q8_0], ids=["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("m,k", [(576, 576), (1536, 576), (578, 1536), (3, 64)])
-def test_batched_q4_1_products_equal_one_column_products(ggml, m, k):
+def test_batched_products_equal_one_column_products(ggml, wtype, m, k):
     rng = np.random.default_rng(m * 7 + k)
     weights = rng.normal(0.01, 0.05, size=(m, k))
     for n in (2, 3, 4, 5, 7, 9, 64):
         xs = rng.normal(0, 1, size=(n, k))
-        raw, batched, single = _q4_1_products(ggml, weights, xs)
+        raw, batched, single = _products(ggml, wtype, weights, xs)
         differ = np.flatnonzero((batched != single).any(axis=1))
         assert differ.size == 0, f"m={m} k={k} n={n}: columns {differ.tolist()} differ from one-column products"
         # And both are the product of the quantized weights with the activations (which ggml
         # rounds to 8 bits per value on the way: hence the tolerance, far below any slip).
-        exact = xs @ _dequantize_q4_1(raw, m, k).T
+        exact = xs @ _dequantize(wtype, raw, m, k).T
         scale = np.abs(exact).max()
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
