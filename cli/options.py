@@ -1,6 +1,7 @@
 """What the `lookahead` commands share: model options, model resolution and loading, exit codes."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,8 +13,29 @@ THREADS_HELP = ("CPU threads for llama.cpp (one-token and batch decodes). Defaul
                 "for one-token decodes and keeps the faster.")
 
 
+EXACT_HELP = ("Batched decodes compute exactly what one-token decodes would, so greedy output with "
+              "speculation is plain decoding's, token for token (llama.cpp leaves attention's products "
+              "to its one-token kernels: prefill and long drafts cost a fifth more here). Needs the set-up's "
+              "patched llama.cpp and flash attention off; sets LOOKAHEAD_EXACT_BATCHES. Default: that "
+              "variable's value (off).")
+
+
+def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
+    """--exact/--no-exact: set the variable the patched llama.cpp reads at its first batched
+    product, before any model is loaded (the commands load theirs after parsing)."""
+    if value is None:
+        return
+    from lookahead.adapters.health import EXACT_BATCHES_ENV, build_patches
+
+    if value and "Q4_1 batch kernel" not in build_patches():
+        raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patch; "
+                                 "build it with scripts/setup.sh (or use a -DGGML_LLAMAFILE=OFF build)",
+                                 param_hint="--exact")
+    os.environ[EXACT_BATCHES_ENV] = "1" if value else "0"
+
+
 def model_options(tree_width: bool = True) -> Callable:
-    """--model, --n-ctx, --threads, --gpu-layers (and --tree-width), in this order in --help."""
+    """--model, --n-ctx, --threads, --gpu-layers, --exact (and --tree-width), in this order in --help."""
     options = [
         click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct."),
@@ -22,6 +44,8 @@ def model_options(tree_width: bool = True) -> Callable:
         click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP),
         click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
                      help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
+        click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
+                     help=EXACT_HELP),
     ]
     if tree_width:
         options.append(click.option(

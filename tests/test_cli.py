@@ -27,7 +27,7 @@ def test_help_explains_every_command():
         assert "Usage: lookahead" in out.stdout
     rewrite_help = cli("rewrite", "--help").stdout
     for flag in ("--instruction", "--output", "--in-place", "--model", "--temperature", "--seed", "--json",
-                 "--stats", "--no-speculate"):
+                 "--stats", "--no-speculate", "--exact"):
         assert flag in rewrite_help
 
 
@@ -68,6 +68,40 @@ def test_rewrite_in_place_same_as_no_speculate(tmp_path):
     # original, so the file can come out unchanged: only equality is asserted)
     assert a.read_text().strip()
     assert a.read_text() == b.read_text()  # greedy: speculation changes speed only
+
+
+@pytest.mark.model
+def test_exact_rewrite_equals_no_speculate_over_a_long_output(tmp_path):
+    """--exact (the patched llama.cpp's exact batches): a whole rewrite, speculated, is plain
+    decoding's text exactly; each run is its own process, as llama.cpp reads the switch once."""
+    from lookahead.adapters import health
+
+    if "Q4_1 batch kernel" not in health.build_patches():
+        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+    # The README's demo. Measured here without --exact: 465 tokens speculated against 275 plain,
+    # the texts parting at a near-tie; with it, the same 326 tokens (218 of them accepted drafts).
+    src = SAMPLES / "docs" / "tallybook_readme.md"
+    # --force: a 135M model's rewrite may be refused as diverged; both texts are compared anyway
+    args = ["-i", "Fix the spelling mistakes", "--max-tokens", "600", "--json", "--exact", "--force"]
+    spec = cli("rewrite", src, *args, "--output", tmp_path / "spec.py")
+    plain = cli("rewrite", src, *args, "--output", tmp_path / "plain.py", "--no-speculate")
+    assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
+    a, b = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert a["speculation"]["accepted"] > 50
+    assert a["text"] == b["text"]
+
+
+def test_exact_needs_the_patched_build(monkeypatch):
+    from click.testing import CliRunner
+
+    from lookahead.adapters import health
+    from lookahead.cli.main import main
+
+    monkeypatch.setattr(health, "build_patches", lambda lib=None: [])
+    monkeypatch.delenv(health.EXACT_BATCHES_ENV, raising=False)
+    out = CliRunner().invoke(main, ["generate", "hi", "--exact"])
+    assert out.exit_code == 2 and "--exact" in out.output and "patch" in out.output
+    assert health.EXACT_BATCHES_ENV not in os.environ
 
 
 @pytest.mark.model
