@@ -47,11 +47,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
             "llama-cpp-python==$LLAMA_CPP_VERSION" -d "$src"
         tar xzf "$src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$src"
         tree="$src/llama_cpp_python-$LLAMA_CPP_VERSION"
+        # git apply works as `patch` outside a repository (the ceiling keeps it from finding
+        # one above the temporary folder); each patch is checked first: nothing half-applied.
+        if command -v git >/dev/null 2>&1; then
+            apply() { GIT_CEILING_DIRECTORIES="$src" git apply ${1:+"$1"} -p1 "$2"; }
+        elif command -v patch >/dev/null 2>&1; then
+            apply() { patch --quiet --forward -p1 ${1:+--dry-run} -i "$2"; }
+        else
+            apply() { return 1; }
+            [ ${#patches[@]} -eq 0 ] || { echo "setup: applying adapters/patches needs git or patch" \
+                "(or LOOKAHEAD_NO_PATCHES=1 for a stock build)" >&2; exit 1; }
+        fi
         for p in "${patches[@]}"; do
-            # git apply works as `patch` outside a repository; the ceiling keeps it from
-            # finding one above the temporary folder. --check first: nothing half-applied.
-            (cd "$tree" && GIT_CEILING_DIRECTORIES="$src" git apply --check -p1 "$root/$p" \
-                && GIT_CEILING_DIRECTORIES="$src" git apply -p1 "$root/$p") \
+            (cd "$tree" && apply --check "$root/$p" && apply "" "$root/$p") \
                 || { echo "setup: $p does not apply to llama-cpp-python $LLAMA_CPP_VERSION" >&2; exit 1; }
         done
         # --no-cache-dir: pip's own wheel cache ignores CMAKE_ARGS and would hand back a
