@@ -29,7 +29,8 @@ def doctor(model_path, context_tokens, as_json):
     a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
     so this curve says how much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
-    they differ, greedy output with speculation can part from plain decoding's at a near-tie.
+    they differ, greedy output with speculation can part from plain decoding's at a near-tie,
+    and on the set-up's build it runs the check again with LOOKAHEAD_EXACT_BATCHES=1 (--exact).
     The decodes run in a child process: a build
     that crashes on this CPU (e.g. AMX compiled in on a VM that faults on it) is reported with
     its cause and fix instead of killing lookahead. Exit code 1 when batched decodes fail.

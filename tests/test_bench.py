@@ -314,6 +314,10 @@ def test_bench_end_to_end_json_and_plot(tmp_path):
     assert config["reps"] == 1 and config["n_ctx"] == 1024 and config["methods"] == [PLAIN, LOOKAHEAD]
     assert config["model"].endswith(".gguf") and config["threads"]["n_threads"] >= 1 and config["date"]
     assert config["max_tokens_cap"] == 16 and "prefill" in config["prefix_cache"]
+    from lookahead.adapters import health
+
+    assert config["llama_cpp_patches"] == health.build_patches()
+    assert config["exact_batches"] is health.exact_batches_requested()
     assert [row["id"] for row in result["workloads"]] == ["copy-chat", "raw-prompt"]
     for row in result["workloads"]:
         assert row["temperature"] == 0.0

@@ -30,8 +30,9 @@ _BATCH_ROWS_EXACT: list[bool] = []
 def batch_rows_exact(fast) -> bool:
     """Whether this build's batched rows are its one-token rows, bit for bit (measured once).
 
-    A llama.cpp built without llamafile (-DGGML_LLAMAFILE=OFF) computes batched rows with the
-    one-token kernels: greedy output must then equal plain decoding's token for token."""
+    A llama.cpp built without llamafile (-DGGML_LLAMAFILE=OFF), or the set-up's build run with
+    LOOKAHEAD_EXACT_BATCHES=1, computes batched rows as the one-token kernels do: greedy output
+    must then equal plain decoding's token for token."""
     if not _BATCH_ROWS_EXACT:
         target = fast.target
         clear_kv_cache(fast.llm)

@@ -11,12 +11,19 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import click
+from lookahead.adapters import health
 
 from ..options import dist_version
 from .llama_server import LlamaServer
 from .local import LocalMethods
 from .measures import prompt_text, repeat_share, rotated, workload_seed
-from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_TYPES, WARMUP_TOKENS
+from .methods import (
+    PREFIX_CACHE_POLICY,
+    SERVER_METHODS,
+    SERVER_PLAIN_BASIS,
+    SERVER_SPEC_TYPES,
+    WARMUP_TOKENS,
+)
 from .summary import Run, summarise
 
 SPEEDUP_BASIS = ("median wall time at temperature 0 (for a text that differs from plain's: its time to the first "
@@ -86,6 +93,8 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve is not None else None),
         "llama_cpp_python": dist_version("llama-cpp-python"), "lookahead": dist_version("lookahead"),
+        # the build's lookahead patches, and whether batched decodes were exact (--exact)
+        "llama_cpp_patches": health.build_patches(), "exact_batches": health.exact_batches_requested(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
     return ModelResult(path, config, rows, summaries, runs)
