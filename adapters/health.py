@@ -75,7 +75,8 @@ def library_path() -> Path:
 
 # lookahead's patches to llama.cpp (adapters/patches, applied by scripts/setup.sh), each known
 # by a name its code leaves in the CPU library's symbol table.
-PATCH_MARKERS = {"Q4_1 batch kernel": b"tinyBLAS_Q4_1_AVX2"}
+Q4_1_KERNEL = "Q4_1 batch kernel"  # also what LOOKAHEAD_EXACT_BATCHES needs
+PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2"}
 
 
 # Read by the patched llama.cpp once per process, at its first batched product: "1" keeps

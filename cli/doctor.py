@@ -25,8 +25,7 @@ def doctor(model_path, context_tokens, as_json):
 
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
     lookahead's llama.cpp patches it holds), what the CPU reports, the thread defaults, and
-    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after
-    a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
+    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
     so this curve says how much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
     they differ, greedy output with speculation can part from plain decoding's at a near-tie,
@@ -44,7 +43,7 @@ def doctor(model_path, context_tokens, as_json):
     patches = health.build_patches()
     exact = None
     if (result.ok and result.parity and result.parity["identical"] < result.parity["rows"]
-            and "Q4_1 batch kernel" in patches and not health.exact_batches_requested()):
+            and health.Q4_1_KERNEL in patches and not health.exact_batches_requested()):
         # This build can make its batched rows exact at run time: show what that gives and costs.
         exact = health.probe(path, context_tokens=context_tokens, extra_env={health.EXACT_BATCHES_ENV: "1"})
     report = {
@@ -74,6 +73,8 @@ def _timings(t: dict) -> str:
 
 
 def _print(report: dict, result, exact=None) -> None:
+    from lookahead.adapters import health
+
     echo = click.echo
     echo(f"lookahead {report['lookahead']}, llama-cpp-python {report['llama_cpp_python']}")
     echo(f"  library:   {report['library']}")
@@ -117,7 +118,7 @@ def _print(report: dict, result, exact=None) -> None:
                 elif report["exact_batches"]["requested"]:
                     echo("  LOOKAHEAD_EXACT_BATCHES=1 is set, yet they differ: the build lacks lookahead's "
                          "patch, or the model's weights use a repacked batch kernel (e.g. Q4_0)")
-                elif "Q4_1 batch kernel" not in report["patches"]:
+                elif health.Q4_1_KERNEL not in report["patches"]:
                     echo("  with lookahead's patch (scripts/setup.sh's build), LOOKAHEAD_EXACT_BATCHES=1 makes "
                          "them identical; so does a -DGGML_LLAMAFILE=OFF build, slower")
     else:

@@ -76,7 +76,7 @@ def test_exact_rewrite_equals_no_speculate_over_a_long_output(tmp_path):
     decoding's text exactly; each run is its own process, as llama.cpp reads the switch once."""
     from lookahead.adapters import health
 
-    if "Q4_1 batch kernel" not in health.build_patches():
+    if health.Q4_1_KERNEL not in health.build_patches():
         pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
     # The README's demo. Measured here without --exact: 465 tokens speculated against 275 plain,
     # the texts parting at a near-tie; with it, the same 326 tokens (218 of them accepted drafts).
@@ -93,7 +93,6 @@ def test_exact_rewrite_equals_no_speculate_over_a_long_output(tmp_path):
 
 def test_exact_needs_the_patched_build(monkeypatch):
     from click.testing import CliRunner
-
     from lookahead.adapters import health
     from lookahead.cli.main import main
 

@@ -128,13 +128,13 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if info.get("AVX2") != "1" or info.get("LLAMAFILE") != "1":
         pytest.skip("the kernel is for x86 with AVX2, in llamafile's sgemm (not in this build)")
-    assert "Q4_1 batch kernel" in health.build_patches(), (
+    assert health.Q4_1_KERNEL in health.build_patches(), (
         "llama-cpp-python was not built by scripts/setup.sh with adapters/patches applied")
 
 
 def test_build_patches_reads_the_marker(tmp_path):
-    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS["Q4_1 batch kernel"] + b"...")
-    assert health.build_patches(tmp_path) == ["Q4_1 batch kernel"]
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.Q4_1_KERNEL] + b"...")
+    assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL]
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")
     assert health.build_patches(tmp_path) == []
     assert health.build_patches(tmp_path / "missing") == []

@@ -578,7 +578,7 @@ def test_exact_batches_give_plain_greedy_output_token_for_token(model_path):
     import subprocess
     import sys
 
-    if "Q4_1 batch kernel" not in health.build_patches():
+    if health.Q4_1_KERNEL not in health.build_patches():
         pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
     env = {**os.environ, health.EXACT_BATCHES_ENV: "1"}
     proc = subprocess.run([sys.executable, "-c", _EXACT_CHILD], input=json.dumps(PROMPTS), capture_output=True,

@@ -17,13 +17,7 @@ from ..options import dist_version
 from .llama_server import LlamaServer
 from .local import LocalMethods
 from .measures import prompt_text, repeat_share, rotated, workload_seed
-from .methods import (
-    PREFIX_CACHE_POLICY,
-    SERVER_METHODS,
-    SERVER_PLAIN_BASIS,
-    SERVER_SPEC_TYPES,
-    WARMUP_TOKENS,
-)
+from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_TYPES, WARMUP_TOKENS
 from .summary import Run, summarise
 
 SPEEDUP_BASIS = ("median wall time at temperature 0 (for a text that differs from plain's: its time to the first "
