@@ -28,8 +28,8 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
     from lookahead.adapters.health import EXACT_BATCHES_ENV, Q4_1_KERNEL, build_patches
 
     if value and Q4_1_KERNEL not in build_patches():
-        raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patch; "
-                                 "build it with scripts/setup.sh (or use a -DGGML_LLAMAFILE=OFF build)",
+        raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patch; build it "
+                                 "with scripts/setup.sh (a -DGGML_LLAMAFILE=OFF build is exact without --exact)",
                                  param_hint="--exact")
     os.environ[EXACT_BATCHES_ENV] = "1" if value else "0"
 
