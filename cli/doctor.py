@@ -113,8 +113,10 @@ def _print(report: dict, result, exact=None) -> None:
                      "plain decoding's at a near-tie (see the README: exact greedy parity)")
                 if exact is not None and exact.ok and exact.parity:
                     p = exact.parity
+                    why = ("" if p["identical"] == p["rows"] else ": not exact for this model's weights (formats "
+                           "llama.cpp repacks, such as Q4_0 and Q4_K, batch with other kernels)")
                     echo(f"  with LOOKAHEAD_EXACT_BATCHES=1: {p['identical']} of {p['rows']} bit for bit; "
-                         f"{_timings(exact.timings_ms)}")
+                         f"{_timings(exact.timings_ms)}{why}")
                 elif report["exact_batches"]["requested"]:
                     echo("  LOOKAHEAD_EXACT_BATCHES=1 is set, yet they differ: the build lacks lookahead's "
                          "patch, or the model's weights use a repacked batch kernel (e.g. Q4_0)")
