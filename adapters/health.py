@@ -89,6 +89,11 @@ def exact_batches_requested() -> bool:
     return os.environ.get(EXACT_BATCHES_ENV, "") not in ("", "0")
 
 
+def exact_batches_available() -> bool:
+    """Whether this build can run exact batches: it holds lookahead's Q4_1 kernel patch."""
+    return Q4_1_KERNEL in build_patches()
+
+
 def build_patches(lib: Path | None = None) -> list[str]:
     """The names of lookahead's llama.cpp patches compiled into this build (none: stock)."""
     lib = library_path() if lib is None else lib
@@ -255,8 +260,9 @@ def batch_parity(target, n_tokens: int = PARITY_TOKENS) -> dict[str, Any]:
     sums are rounded in another order, and the int8 quantization of activations between layers
     turns last-bit differences into logit differences of ~0.5 (measured here). Verify rows then
     differ a little from the plain decoding's, and greedy output can part from plain's at a
-    near-tie. A build with -DGGML_LLAMAFILE=OFF runs both through the same kernels: identical
-    rows. Rolled back afterwards.
+    near-tie. A build with -DGGML_LLAMAFILE=OFF, or the set-up's build with EXACT_BATCHES_ENV
+    set (Q4_1 or Q8_0 weights), runs both through the same kernels: identical rows. Rolled back
+    afterwards.
     """
     import numpy as np
 

@@ -25,8 +25,9 @@ def doctor(model_path, context_tokens, as_json):
 
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
     lookahead's llama.cpp patches it holds), what the CPU reports, the thread defaults, and
-    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after a --context-token prompt. Speculation verifies a draft of k tokens in one decode of k + 1,
-    so this curve says how much it can gain here. It also compares the rows of a batched
+    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after a --context-token prompt.
+    Speculation verifies a draft of k tokens in one decode of k + 1, so this curve says how
+    much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
     they differ, greedy output with speculation can part from plain decoding's at a near-tie,
     and on the set-up's build it runs the check again with LOOKAHEAD_EXACT_BATCHES=1 (--exact).

@@ -25,9 +25,9 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
     product, before any model is loaded (the commands load theirs after parsing)."""
     if value is None:
         return
-    from lookahead.adapters.health import EXACT_BATCHES_ENV, Q4_1_KERNEL, build_patches
+    from lookahead.adapters.health import EXACT_BATCHES_ENV, exact_batches_available
 
-    if value and Q4_1_KERNEL not in build_patches():
+    if value and not exact_batches_available():
         raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patch; build it "
                                  "with scripts/setup.sh (a -DGGML_LLAMAFILE=OFF build is exact without --exact)",
                                  param_hint="--exact")

@@ -25,6 +25,14 @@ def private_cache(tmp_path_factory):
         os.environ["LOOKAHEAD_CACHE_DIR"] = old
 
 
+def skip_without_exact_batches() -> None:
+    """Tests of LOOKAHEAD_EXACT_BATCHES need the set-up's patched llama.cpp."""
+    from lookahead.adapters import health
+
+    if not health.exact_batches_available():
+        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     from lookahead.models import default_model_path

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import skip_without_exact_batches
 from lookahead import cache
 from lookahead.adapters import cmake_args, health
 
@@ -46,8 +47,7 @@ def test_batched_decodes_run_in_a_child_process(model_path):
 def test_exact_batches_make_batched_rows_one_token_rows(model_path):
     """lookahead's patch: with LOOKAHEAD_EXACT_BATCHES=1 every batched row of the embedded model
     equals its one-token row, bit for bit (the default build's differ at a data-dependent row)."""
-    if health.Q4_1_KERNEL not in health.build_patches():
-        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+    skip_without_exact_batches()
     result = health.probe(model_path, context_tokens=64, reps=1, extra_env={health.EXACT_BATCHES_ENV: "1"})
     assert result.ok, result.cause
     assert result.parity["identical"] == result.parity["rows"], result.parity

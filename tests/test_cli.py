@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES
+from conftest import SAMPLES, skip_without_exact_batches
 
 BIN = Path(sys.executable).parent / "lookahead"
 
@@ -74,10 +74,7 @@ def test_rewrite_in_place_same_as_no_speculate(tmp_path):
 def test_exact_rewrite_equals_no_speculate_over_a_long_output(tmp_path):
     """--exact (the patched llama.cpp's exact batches): a whole rewrite, speculated, is plain
     decoding's text exactly; each run is its own process, as llama.cpp reads the switch once."""
-    from lookahead.adapters import health
-
-    if health.Q4_1_KERNEL not in health.build_patches():
-        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+    skip_without_exact_batches()
     # The README's demo. Measured here without --exact: 465 tokens speculated against 275 plain,
     # the texts parting at a near-tie; with it, the same 326 tokens (218 of them accepted drafts).
     src = SAMPLES / "docs" / "tallybook_readme.md"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import lookahead
-from conftest import SAMPLES, StepRecorder
+from conftest import SAMPLES, StepRecorder, skip_without_exact_batches
 from lookahead.adapters import health
 from lookahead.adapters.llama_cpp import clear_kv_cache, llama_threads, sequence_ends
 
@@ -578,8 +578,7 @@ def test_exact_batches_give_plain_greedy_output_token_for_token(model_path):
     import subprocess
     import sys
 
-    if health.Q4_1_KERNEL not in health.build_patches():
-        pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
+    skip_without_exact_batches()
     env = {**os.environ, health.EXACT_BATCHES_ENV: "1"}
     proc = subprocess.run([sys.executable, "-c", _EXACT_CHILD], input=json.dumps(PROMPTS), capture_output=True,
                           text=True, env=env, timeout=600)
