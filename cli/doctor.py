@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import dist_version, resolve_model
+from .options import dist_version, model_option, resolve_model
 
 # The instruction sets that matter to llama.cpp on x86, as /proc/cpuinfo names them.
 CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
@@ -15,8 +15,8 @@ CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", 
 
 
 @click.command()
-@click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="GGUF model to test with. Default: the embedded SmolLM2-135M-Instruct.")
+@model_option("Model to test with: a name (`lookahead models` lists them) or a GGUF file. Default: "
+              "$LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.")
 @click.option("--context", "context_tokens", type=click.IntRange(16, 4096), default=256, show_default=True,
               help="Tokens in the KV cache when the decode times are taken.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")

@@ -313,9 +313,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 from lookahead.cli.bench import bench  # noqa: E402  (after `main` exists: bench is one of its commands)
 from lookahead.cli.doctor import doctor  # noqa: E402
+from lookahead.cli.models import models  # noqa: E402
 
 main.add_command(bench)
 main.add_command(doctor)
+main.add_command(models)
 from lookahead.server.cli import serve  # noqa: E402  (the OpenAI-compatible server; needs the [server] extra to run)
 main.add_command(serve)
 

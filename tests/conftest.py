@@ -1,4 +1,9 @@
-"""Shared fixtures: one real model (the embedded SmolLM2-135M-Instruct) for the whole session."""
+"""Shared fixtures: one real model (the tiny SmolLM2-135M-Instruct) for the whole session.
+
+The suite runs on the tiny model wherever a test is about the engine, not the model's skill:
+$LOOKAHEAD_MODEL names it for the commands the tests start, too. Tests of what the default
+model does (the README's demo) name it explicitly.
+"""
 from __future__ import annotations
 
 import os
@@ -33,12 +38,32 @@ def skip_without_exact_batches() -> None:
         pytest.skip("this build lacks lookahead's llama.cpp patch (scripts/setup.sh applies it)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tiny_model_by_default():
+    from lookahead.models import MODEL_ENV, TINY_MODEL
+
+    old = os.environ.get(MODEL_ENV)
+    os.environ[MODEL_ENV] = TINY_MODEL
+    yield
+    if old is None:
+        os.environ.pop(MODEL_ENV, None)
+    else:
+        os.environ[MODEL_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from lookahead.models import default_model_path
+    from lookahead.models import TINY_MODEL, resolve
 
-    # No skip: CI installs the model (scripts/setup.sh); a missing model is a failure.
-    return default_model_path()
+    # No skip: CI installs the models (scripts/setup.sh); a missing model is a failure.
+    return resolve(TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    from lookahead.models import DEFAULT_MODEL, resolve
+
+    return resolve(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="session")
