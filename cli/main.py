@@ -69,9 +69,7 @@ def _print_stats(stats: dict | None) -> None:
         return
     from lookahead.stats import SpeculationStats
 
-    fields = {k: v for k, v in stats.items() if k in SpeculationStats.__dataclass_fields__}
-    fields["accept_histogram"] = {int(k): v for k, v in stats.get("accept_histogram", {}).items()}
-    click.echo(SpeculationStats(**fields).summary(), err=True)
+    click.echo(SpeculationStats.from_dict(stats).summary(), err=True)
 
 
 class _Progress:

@@ -602,27 +602,7 @@ def merge_speculation(stats: Sequence[dict]) -> dict:
     """Sum the `speculation` dicts of several requests into one of the same shape."""
     from .stats import SpeculationStats
 
-    total = SpeculationStats(speculative=False)
-    for s in stats:
-        if not s:
-            continue
-        total.speculative = total.speculative or bool(s.get("speculative"))
-        for key in ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "target_passes", "draft_passes",
-                    "tree_passes", "drafted", "accepted", "prediction_drafted", "prediction_accepted"):
-            setattr(total, key, getattr(total, key) + int(s.get(key, 0)))
-        for key in ("prefill_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
-                    "request_ms"):
-            setattr(total, key, getattr(total, key) + float(s.get(key, 0.0)))
-        for k, v in s.get("accept_histogram", {}).items():
-            total.accept_histogram[int(k)] = total.accept_histogram.get(int(k), 0) + int(v)
-        for k, (drafted, accepted) in s.get("by_source", {}).items():
-            counts = total.by_source.setdefault(int(k), [0, 0])
-            counts[0] += int(drafted)
-            counts[1] += int(accepted)
-        total.decode_threads = s.get("decode_threads", total.decode_threads)
-        total.fallback = total.fallback or s.get("fallback")
-        total.contended = total.contended or bool(s.get("contended"))
-    return total.to_dict()
+    return SpeculationStats.merge(SpeculationStats.from_dict(s) for s in stats if s).to_dict()
 
 
 # ---- the rewrite ---------------------------------------------------------------------------
