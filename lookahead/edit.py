@@ -112,22 +112,6 @@ def is_chatter(line: str) -> bool:
     return core.endswith(":") or bool(_CHATTER_WORDS.search(core))
 
 
-def strip_fences(text: str) -> str:
-    """Drop a Markdown code fence the model put around the whole answer (a complete answer)."""
-    body = text.strip("\n")
-    lines = body.split("\n")
-    if len(lines) >= 2 and is_fence(lines[0]) and lines[-1].strip() in ("```", "~~~"):
-        return "\n".join(lines[1:-1])
-    return text
-
-
-def clean_answer(answer: str, source: str, echo_lines: Sequence[str] = ()) -> str:
-    """The whole-answer form of what `rewrite` does while streaming (fences, chatter, loops)."""
-    cleaner = AnswerCleaner(source, echo_lines)
-    out = cleaner.feed(answer)
-    return out + cleaner.finish()
-
-
 # ---- loops --------------------------------------------------------------------------------
 _DIGITS = re.compile(r"\d+")
 

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import SAMPLES
 from lookahead import edit
-from lookahead.edit import (AnswerCleaner, build_rewrite_messages, clean_answer, count_consecutive, find_loop,
-                            is_chatter, output_bound, piece_budget, resume_offset, split_text, strip_fences)
+from lookahead.edit import (AnswerCleaner, build_rewrite_messages, count_consecutive, find_loop, is_chatter,
+                            output_bound, piece_budget, resume_offset, split_text)
 
 TALLYBOOK = (SAMPLES / "docs" / "tallybook_readme.md").read_text()
 
@@ -82,11 +82,6 @@ def test_a_first_line_that_is_in_the_source_is_never_dropped_as_chatter():
     assert out.startswith("Here is the revised plan:")
 
 
-def test_strip_fences_on_a_whole_answer():
-    assert strip_fences("```python\nx = 1\n```\n") == "x = 1"
-    assert strip_fences("x = 1\n") == "x = 1\n"
-
-
 # ---- loops ---------------------------------------------------------------------------------------
 def test_the_demo_loop_is_stopped_and_cut_to_one_copy():
     # What SmolLM2-135M did with the tallybook README (instruction-first prompt): a line whose
@@ -153,7 +148,6 @@ def test_streamed_text_equals_the_cleaned_text():
     for step in (1, 2, 7, 100):
         out, cleaner = stream_clean(answer, "A\n\nB\n\nC\n", step)
         assert out == cleaner.text == "A\n\nB  \nB2\n\n\nC"
-    assert clean_answer(answer, "A\n\nB\n\nC\n") == "A\n\nB  \nB2\n\n\nC"
 
 
 # ---- bounds and splitting -------------------------------------------------------------------------
