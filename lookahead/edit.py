@@ -25,8 +25,8 @@ The prompt puts the document first and the instruction after it, so two edits of
 document with different instructions share the document's tokens as a prompt prefix and the
 second request reuses their KV cache (`speculation["reused_prompt_tokens"]`).
 
-This module is pure text logic plus calls to `fast.create_chat_completion`; it imports no
-backend.
+This module is pure text logic plus calls to the wrapper (`fast.create_chat_completion`,
+`fast.count_tokens`, `fast.n_ctx`); it imports no backend.
 """
 from __future__ import annotations
 
@@ -602,7 +602,7 @@ class Rewrite:
 
     def __init__(self, fast: Any, text: str, instruction: str, region: tuple[int, int],
                  filename: str | None, plan: list[tuple[int, int]], max_tokens: int | None,
-                 growth: float, sampling: dict, count_tokens: Callable[[str], int],
+                 growth: float, sampling: dict,
                  on_piece: Callable[[int, int, tuple[int, int]], None] | None):
         self.fast = fast
         self.source = text
@@ -613,7 +613,6 @@ class Rewrite:
         self.max_tokens = max_tokens
         self.growth = growth
         self.sampling = sampling
-        self.count_tokens = count_tokens
         self.on_piece = on_piece
         self.piece = -1
         self.result: EditResult | None = None
@@ -646,7 +645,7 @@ class Rewrite:
                 pieces.append(PieceResult(start, end, 0, 0, src, "stop" if not core.strip() else "length"))
                 yield src
                 continue
-            n_src = self.count_tokens(core)
+            n_src = self.fast.count_tokens(core)
             limit = output_bound(n_src, self.growth)
             if budget_left is not None:
                 limit = min(limit, budget_left)
@@ -735,14 +734,6 @@ class Rewrite:
                                  lines_kept=lines_kept(self.source[s:e], text))
 
 
-def token_count(fast: Any, text: str) -> int:
-    """Tokens of `text` alone (no BOS, special tokens as text) for the wrapper's model."""
-    tokenize = getattr(fast, "tokenize", None)
-    if tokenize is not None:
-        return len(tokenize(text))
-    return len(fast.target.tokenize(text, add_bos=False, special=False))
-
-
 def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] | None = None,
             filename: str | None = None, stream: bool = True, max_tokens: int | None = None,
             growth: float = DEFAULT_GROWTH, piece_tokens: int | None = None,
@@ -785,23 +776,20 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
         if reserved in sampling:
             raise ValueError(f"{reserved!r} is set by rewrite itself; do not pass it")
 
-    def count_tokens(s: str) -> int:
-        return token_count(fast, s)
-
-    overhead = sum(count_tokens(m["content"]) for m in build_rewrite_messages("", instruction, filename))
+    overhead = sum(fast.count_tokens(m["content"]) for m in build_rewrite_messages("", instruction, filename))
     overhead += TEMPLATE_SLACK_TOKENS
-    fits = piece_budget(fast.target.n_ctx, overhead, growth)
+    fits = piece_budget(fast.n_ctx, overhead, growth)
     if fits < MIN_PIECE_TOKENS:
-        raise ValueError(f"a context of {fast.target.n_ctx} tokens leaves {fits} tokens per piece for this "
+        raise ValueError(f"a context of {fast.n_ctx} tokens leaves {fits} tokens per piece for this "
                          f"instruction ({overhead} tokens of prompt around the text); use a larger n_ctx")
     if piece_tokens is not None:
         if piece_tokens < 1:
             raise ValueError(f"piece_tokens must be >= 1, got {piece_tokens!r}")
         fits = min(fits, piece_tokens)
-    spans = split_text(text[start:end], fits, count_tokens, code=is_code(filename))
+    spans = split_text(text[start:end], fits, fast.count_tokens, code=is_code(filename))
     plan = [(start + s, start + e) for s, e in spans]
     rw = Rewrite(fast, text, instruction, (start, end), filename, plan, max_tokens, growth,
-                 dict(sampling, temperature=temperature), count_tokens, on_piece)
+                 dict(sampling, temperature=temperature), on_piece)
     if stream:
         return rw
     for _ in rw:

@@ -319,14 +319,11 @@ class ScriptedModel:
         self.answer = answer
         self.requests: list[dict] = []
         self.closed = 0
-
-        class Target:
-            def tokenize(self, text, add_bos=False, special=False):
-                return text.split()
-
-        self.target = Target()
-        self.target.n_ctx = n_ctx
+        self.n_ctx = n_ctx
         self.last_stats = None
+
+    def count_tokens(self, text):
+        return len(text.split())
 
     def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
         self.requests.append(dict(messages=messages, prediction=prediction, max_tokens=max_tokens, **kw))
