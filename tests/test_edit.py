@@ -84,8 +84,8 @@ def test_a_first_line_that_is_in_the_source_is_never_dropped_as_chatter():
 
 # ---- loops ---------------------------------------------------------------------------------------
 def test_the_demo_loop_is_stopped_and_cut_to_one_copy():
-    # What SmolLM2-135M did with the tallybook README (instruction-first prompt): a line whose
-    # version number counts up, forever.
+    # The loop a small model (SmolLM2-135M, instruction-first prompt) falls into on the
+    # tallybook README: a line whose version number counts up, forever.
     head = "# tallybook\n\nTrack your time.\n\n## Installation\n\n"
     answer = head + "".join(f"To install tallybook, you need to have Python 3.{n} or newer.\n\n" for n in range(9, 40))
     out, cleaner = stream_clean(answer, TALLYBOOK)
@@ -102,8 +102,8 @@ def test_a_block_of_lines_repeated_back_to_back_is_a_loop():
 
 
 def test_a_ten_line_block_with_blank_lines_is_a_loop():
-    # What the tallybook rewrite's plain greedy run did (bench rewrite mode): five paragraphs,
-    # ten lines with the blank ones, repeated until the output bound.
+    # A loop of a plain greedy rewrite of the tallybook README: five paragraphs, ten lines
+    # with the blank ones, repeated until the output bound.
     block = ("To see what you worked on this week, run:\n\ntallybook report --week\n\n"
              "The report lists each project, the number of entries and total time.\n\n"
              "When you are done, stop the timer:\n\ntallybook stop\n\n")
@@ -414,7 +414,7 @@ def test_bare_code_fences_of_the_document_inside_a_fenced_answer():
 def test_an_echoed_instruction_ends_the_document():
     source = "# Doc\n\nSome text.\n"
     messages = build_rewrite_messages(source, "Fix the typos")
-    echo = edit._instruction_lines(messages, source)
+    echo = edit.instruction_lines(messages, source)
     assert echo[-1] == "Fix the typos in the document above."
     answer = "# Doc\n\nSome text.\n\n" + echo[0] + "\n\nMore chatter."
     cleaner = AnswerCleaner(source, echo_lines=echo)
@@ -487,7 +487,7 @@ def test_rewrite_does_not_write_a_diverged_answer_without_force(tmp_path, monkey
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_an_intro_line_before_a_fenced_answer_is_chatter(step):
-    # SmolLM2-135M through the server: an intro that no chatter pattern knows, a fenced
+    # An intro that no chatter pattern knows (SmolLM2-135M's answer to a rename), a fenced
     # answer, then an explanation
     source = "def slugify(text):\n    return text.lower()\n"
     answer = ("You can rename the function slugify to make_slug like this:\n\n```python\n"
