@@ -89,21 +89,15 @@ class Rewrite:
         emitted: list[str] = []
         cleaner, finish = yield from self._answer(core, lead, result, emitted)
         cut_short = cleaner.stopped == "loop" or (cleaner.stopped is None and finish != "stop")
-        rest, rest_line = self._rest_of_source(start, lead, core, cleaner.text) if cut_short and emitted else ("", 0)
+        rest, rest_line = "", None
+        if cut_short and emitted:
+            rest, rest_line = self._rest_of_source(start, lead, core, cleaner.text)
         if rest:
             yield rest
             emitted.append(rest)
-        kept = f"; from line {rest_line} on, the original text is kept" if rest else ""
-        if cleaner.stopped == "loop":
-            result.finish_reason = "loop"
-            block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]
-            warnings.append(f"{where}: stopped a loop of repeated lines ({block!r}) and cut the repeats" + kept)
-        elif cleaner.stopped in ("fence", "echo") or finish == "stop":
-            result.finish_reason = "stop"
-        else:
-            result.finish_reason = "length"
-            warnings.append(f"{where}: the output reached its bound of {limit} tokens (source {n_src} tokens)"
-                            + kept)
+        result.finish_reason, warning = _ending(cleaner, finish, result, rest_line)
+        if warning:
+            warnings.append(f"{where}: {warning}")
         if not emitted:
             result.finish_reason = "empty"
             warnings.append(f"{where}: the model returned no text; kept the original")
@@ -157,15 +151,15 @@ class Rewrite:
             yield out
         return cleaner, finish
 
-    def _rest_of_source(self, start: int, lead: str, core: str, kept: str) -> tuple[str, int]:
+    def _rest_of_source(self, start: int, lead: str, core: str, kept: str) -> tuple[str, int | None]:
         """The source after where a rewrite cut short stopped, so that no part of the text is
         lost: (the text to add, with the newlines before it; its first line in the whole text),
-        or ("", 0) when no line of the rewrite matched the source (nothing to go on from) or
+        or ("", None) when no line of the rewrite matched the source (nothing to go on from) or
         the rewrite and the rest together would outgrow the bound."""
         at = resume_offset(core, kept)
         rest = core[at:].lstrip("\n") if at > 0 else ""
         if not rest or len(kept) + len(rest) > self.growth * len(core) + 200:
-            return "", 0
+            return "", None
         skipped = len(core[at:]) - len(rest)  # blank lines before the rest
         line = self.source[: start + len(lead) + at + skipped].count("\n") + 1
         return "\n" * (1 + skipped) + rest, line
@@ -179,6 +173,19 @@ class Rewrite:
                           finish_reason=finish, warnings=warnings, pieces=pieces,
                           speculation=merge_speculation([p.speculation for p in pieces]),
                           lines_kept=lines_kept(self.source[s:e], text))
+
+
+def _ending(cleaner: AnswerCleaner, finish: str | None, piece: PieceResult,
+            rest_line: int | None) -> tuple[str, str | None]:
+    """How a piece's request ended ("loop", "stop" or "length") and what to warn of, if anything."""
+    kept = f"; from line {rest_line} on, the original text is kept" if rest_line is not None else ""
+    if cleaner.stopped == "loop":
+        block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]
+        return "loop", f"stopped a loop of repeated lines ({block!r}) and cut the repeats{kept}"
+    if cleaner.stopped in ("fence", "echo") or finish == "stop":
+        return "stop", None
+    return "length", (f"the output reached its bound of {piece.max_tokens} tokens "
+                      f"(source {piece.source_tokens} tokens){kept}")
 
 
 def _edges(piece: str) -> tuple[str, str, str]:
@@ -224,7 +231,7 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
 
 
 def _checked_region(text: Any, instruction: Any, region: Any, growth: float, max_tokens: int | None,
-             sampling: dict) -> tuple[int, int]:
+                    sampling: dict) -> tuple[int, int]:
     """The region as (start, end) once the arguments are checked; a ValueError names a bad one."""
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
