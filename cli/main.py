@@ -69,9 +69,7 @@ def _print_stats(stats: dict | None) -> None:
         return
     from lookahead.stats import SpeculationStats
 
-    fields = {k: v for k, v in stats.items() if k in SpeculationStats.__dataclass_fields__}
-    fields["accept_histogram"] = {int(k): v for k, v in stats.get("accept_histogram", {}).items()}
-    click.echo(SpeculationStats(**fields).summary(), err=True)
+    click.echo(SpeculationStats.from_dict(stats).summary(), err=True)
 
 
 class _Progress:
@@ -247,7 +245,7 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
                           **kwargs)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    n_doc = edit.token_count(fast, text)
+    n_doc = fast.count_tokens(text)
     parts = f", {len(rw.plan)} parts" if len(rw.plan) > 1 else ""
     try:  # from the announcement on, Ctrl-C is an interrupted rewrite (exit 130, file untouched)
         click.echo(f"rewriting {file} ({n_doc} tokens{parts}) with {Path(fast.llm.model_path).name}"

@@ -61,6 +61,11 @@ class Lookahead:
         """The backend object the target drives (the `llama_cpp.Llama` for lookahead.wrap)."""
         return getattr(self.target, "llm", None)
 
+    @property
+    def n_ctx(self) -> int:
+        """The context size in tokens: prompt and output together."""
+        return self.target.n_ctx
+
     def verify_cost_ms(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> dict[int, float]:
         """The verify-cost curve as measured so far: {n: ms of one decode of n tokens}."""
         curve = self.cost.curve()
@@ -70,6 +75,10 @@ class Lookahead:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as a reference is indexed (no BOS, special tokens as text)."""
         return self.target.tokenize(text, add_bos=False, special=False)
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` is on its own (no BOS, special tokens as text)."""
+        return len(self.target.tokenize(text, add_bos=False, special=False))
 
     # ---- references ---------------------------------------------------------------
     def add_reference(self, text: str | Sequence[int]) -> int:

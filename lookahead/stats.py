@@ -2,7 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Any, Iterable, Mapping
+
+# The counters, summed when requests are merged, and the times in ms, rounded in `to_dict`.
+COUNT_FIELDS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "target_passes", "draft_passes",
+                "tree_passes", "drafted", "accepted", "prediction_drafted", "prediction_accepted")
+MS_FIELDS = ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
+             "request_ms")
+# The times a merge sums. index_ms is not among them, so a rewrite's merged stats report 0.0 for
+# it, as they always have; summing it too would change what the server returns for an edit.
+_MERGED_MS_FIELDS = tuple(key for key in MS_FIELDS if key != "index_ms")
 
 
 @dataclass
@@ -78,10 +87,50 @@ class SpeculationStats:
         out["acceptance_rate"] = round(self.acceptance_rate, 4)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
         out["tokens_per_second"] = round(self.tokens_per_second, 2)
-        for key in ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
-                    "request_ms"):
+        for key in MS_FIELDS:
             out[key] = round(out[key], 3)
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SpeculationStats":
+        """The stats that `to_dict` gave `d` (a request's `speculation`). Keys it does not know,
+        such as the derived rates, are ignored; missing ones take their defaults, except that a
+        dict that does not say it was speculative was not."""
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["speculative"] = bool(d.get("speculative", False))
+        for key in COUNT_FIELDS:
+            if key in known:
+                known[key] = int(known[key])
+        for key in MS_FIELDS:
+            if key in known:
+                known[key] = float(known[key])
+        known["accept_histogram"] = {int(k): int(v) for k, v in d.get("accept_histogram", {}).items()}
+        known["by_source"] = {int(k): [int(drafted), int(accepted)]
+                              for k, (drafted, accepted) in d.get("by_source", {}).items()}
+        return cls(**known)
+
+    @classmethod
+    def merge(cls, parts: Iterable["SpeculationStats"]) -> "SpeculationStats":
+        """Several requests' stats as one (the pieces of a rewrite): counters, times, histograms
+        and per-source counts summed; speculative, contended and fallback if any request was;
+        the decode threads of the last. No parts: a plain request's zeros."""
+        total = cls(speculative=False)
+        for part in parts:
+            total.speculative = total.speculative or part.speculative
+            for key in COUNT_FIELDS:
+                setattr(total, key, getattr(total, key) + getattr(part, key))
+            for key in _MERGED_MS_FIELDS:
+                setattr(total, key, getattr(total, key) + getattr(part, key))
+            for accepted, steps in part.accept_histogram.items():
+                total.accept_histogram[accepted] = total.accept_histogram.get(accepted, 0) + steps
+            for source, (drafted, accepted) in part.by_source.items():
+                counts = total.by_source.setdefault(source, [0, 0])
+                counts[0] += drafted
+                counts[1] += accepted
+            total.decode_threads = part.decode_threads
+            total.fallback = total.fallback or part.fallback
+            total.contended = total.contended or part.contended
+        return total
 
     def summary(self) -> str:
         """One human line, e.g. for --stats."""

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import SAMPLES
 from lookahead import edit
-from lookahead.edit import (AnswerCleaner, build_rewrite_messages, clean_answer, count_consecutive, find_loop,
-                            is_chatter, output_bound, piece_budget, resume_offset, split_text, strip_fences)
+from lookahead.edit import (AnswerCleaner, build_rewrite_messages, count_consecutive, find_loop, is_chatter,
+                            output_bound, piece_budget, resume_offset, split_text)
 
 TALLYBOOK = (SAMPLES / "docs" / "tallybook_readme.md").read_text()
 
@@ -82,15 +82,10 @@ def test_a_first_line_that_is_in_the_source_is_never_dropped_as_chatter():
     assert out.startswith("Here is the revised plan:")
 
 
-def test_strip_fences_on_a_whole_answer():
-    assert strip_fences("```python\nx = 1\n```\n") == "x = 1"
-    assert strip_fences("x = 1\n") == "x = 1\n"
-
-
 # ---- loops ---------------------------------------------------------------------------------------
 def test_the_demo_loop_is_stopped_and_cut_to_one_copy():
-    # What SmolLM2-135M did with the tallybook README (instruction-first prompt): a line whose
-    # version number counts up, forever.
+    # The loop a small model (SmolLM2-135M, instruction-first prompt) falls into on the
+    # tallybook README: a line whose version number counts up, forever.
     head = "# tallybook\n\nTrack your time.\n\n## Installation\n\n"
     answer = head + "".join(f"To install tallybook, you need to have Python 3.{n} or newer.\n\n" for n in range(9, 40))
     out, cleaner = stream_clean(answer, TALLYBOOK)
@@ -107,8 +102,8 @@ def test_a_block_of_lines_repeated_back_to_back_is_a_loop():
 
 
 def test_a_ten_line_block_with_blank_lines_is_a_loop():
-    # What the tallybook rewrite's plain greedy run did (bench rewrite mode): five paragraphs,
-    # ten lines with the blank ones, repeated until the output bound.
+    # A loop of a plain greedy rewrite of the tallybook README: five paragraphs, ten lines
+    # with the blank ones, repeated until the output bound.
     block = ("To see what you worked on this week, run:\n\ntallybook report --week\n\n"
              "The report lists each project, the number of entries and total time.\n\n"
              "When you are done, stop the timer:\n\ntallybook stop\n\n")
@@ -153,7 +148,6 @@ def test_streamed_text_equals_the_cleaned_text():
     for step in (1, 2, 7, 100):
         out, cleaner = stream_clean(answer, "A\n\nB\n\nC\n", step)
         assert out == cleaner.text == "A\n\nB  \nB2\n\n\nC"
-    assert clean_answer(answer, "A\n\nB\n\nC\n") == "A\n\nB  \nB2\n\n\nC"
 
 
 # ---- bounds and splitting -------------------------------------------------------------------------
@@ -325,14 +319,11 @@ class ScriptedModel:
         self.answer = answer
         self.requests: list[dict] = []
         self.closed = 0
-
-        class Target:
-            def tokenize(self, text, add_bos=False, special=False):
-                return text.split()
-
-        self.target = Target()
-        self.target.n_ctx = n_ctx
+        self.n_ctx = n_ctx
         self.last_stats = None
+
+    def count_tokens(self, text):
+        return len(text.split())
 
     def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
         self.requests.append(dict(messages=messages, prediction=prediction, max_tokens=max_tokens, **kw))
@@ -423,7 +414,7 @@ def test_bare_code_fences_of_the_document_inside_a_fenced_answer():
 def test_an_echoed_instruction_ends_the_document():
     source = "# Doc\n\nSome text.\n"
     messages = build_rewrite_messages(source, "Fix the typos")
-    echo = edit._instruction_lines(messages, source)
+    echo = edit.instruction_lines(messages, source)
     assert echo[-1] == "Fix the typos in the document above."
     answer = "# Doc\n\nSome text.\n\n" + echo[0] + "\n\nMore chatter."
     cleaner = AnswerCleaner(source, echo_lines=echo)
@@ -496,7 +487,7 @@ def test_rewrite_does_not_write_a_diverged_answer_without_force(tmp_path, monkey
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_an_intro_line_before_a_fenced_answer_is_chatter(step):
-    # SmolLM2-135M through the server: an intro that no chatter pattern knows, a fenced
+    # An intro that no chatter pattern knows (SmolLM2-135M's answer to a rename), a fenced
     # answer, then an explanation
     source = "def slugify(text):\n    return text.lower()\n"
     answer = ("You can rename the function slugify to make_slug like this:\n\n```python\n"

@@ -49,9 +49,13 @@ class Scripted:
         self.llm = Llm()
         self.target = Target()
         self.target.n_ctx = n_ctx
+        self.n_ctx = n_ctx
 
     def tokenize(self, text):
         return text.split()
+
+    def count_tokens(self, text):
+        return len(text.split())
 
     def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
         self.requests.append(dict(prediction=prediction, max_tokens=max_tokens, **kw))

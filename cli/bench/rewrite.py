@@ -123,7 +123,6 @@ def bench_rewrites(model_path: Path, llama: dict[str, Any], items: list[dict], t
     import llama_cpp
 
     import lookahead
-    from lookahead import edit
     from lookahead.adapters.llama_cpp import clear_kv_cache
 
     try:
@@ -158,7 +157,7 @@ def bench_rewrites(model_path: Path, llama: dict[str, Any], items: list[dict], t
     rows = []
     for item in items:
         plain, fastest = runs[(item["id"], "plain")], runs[(item["id"], "lookahead")]
-        source_tokens = edit.token_count(fast, item["text"])
+        source_tokens = fast.count_tokens(item["text"])
         first = fastest[0]
         second = [s for s in seconds if s["id"] == item["id"]]
         row = {"id": item["id"], "category": item["category"], "source_tokens": source_tokens,

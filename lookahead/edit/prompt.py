@@ -1,0 +1,49 @@
+"""The rewrite's prompt: the chat turns a rewrite sends, and which files are code."""
+from __future__ import annotations
+
+CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java", ".sh", ".rb", ".php", ".cs",
+                 ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".sql", ".html", ".css"}
+
+
+def is_code(filename: str | None) -> bool:
+    """Whether `filename` names a code or config file (by suffix), as opposed to prose."""
+    if not filename:
+        return False
+    name = filename.lower()
+    return any(name.endswith(suffix) for suffix in CODE_SUFFIXES)
+
+
+def build_rewrite_messages(text: str, instruction: str, filename: str | None = None) -> list[dict]:
+    """The chat request for a rewrite: a fixed system turn, the document, then the instruction.
+
+        system: You rewrite documents. You always reply with the complete revised document.
+        user:   <the text>
+        user:   <instruction> in the document above.
+
+    The document comes before the instruction, so two edits of the same text with different
+    instructions share the system turn and the document as a prompt prefix, and the second
+    request reuses its KV cache. It is also the form small instruct models follow: given it,
+    SmolLM2-135M-Instruct copies the document (and still mangles parts of it) and
+    Qwen2.5-Coder-0.5B-Instruct gives a clean rewrite; with the instruction first SmolLM2
+    loops, with document and instruction in one user turn it wanders off into unrelated
+    text, and with an assistant turn between them it only says it made the changes.
+    ("files" and "file" instead of "documents" for code.)
+    """
+    if not instruction or not instruction.strip():
+        raise ValueError(f"the instruction is empty: {instruction!r}")
+    kind = "file" if is_code(filename) else "document"
+    ask = instruction.strip().rstrip(".")
+    return [{"role": "system", "content": f"You rewrite {kind}s. You always reply with the complete revised {kind}."},
+            {"role": "user", "content": text},
+            {"role": "user", "content": f"{ask} in the {kind} above."}]
+
+
+def instruction_lines(messages: list[dict], document: str) -> list[str]:
+    """The lines of the request that are not the document (the instruction's wording)."""
+    out = []
+    for message in messages:
+        content = message.get("content") or ""
+        at = content.find(document) if document else -1
+        rest = content[:at] + "\n" + content[at + len(document):] if at >= 0 else content
+        out.extend(l for l in rest.split("\n") if l.strip())
+    return out

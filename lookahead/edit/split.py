@@ -1,0 +1,131 @@
+"""Where a text is cut: into pieces that fit the context, and where a rewrite cut short resumes."""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from typing import Callable
+
+DEFAULT_GROWTH = 1.3  # most output tokens per source token, per request
+OUTPUT_SLACK_TOKENS = 32  # added to the output bound: short sources may grow by more than 30%
+
+
+def output_bound(source_tokens: int, growth: float = DEFAULT_GROWTH, slack: int = OUTPUT_SLACK_TOKENS) -> int:
+    """Most tokens a rewrite of a `source_tokens`-token text may emit."""
+    return int(math.ceil(growth * source_tokens)) + slack
+
+
+def piece_budget(n_ctx: int, overhead_tokens: int, growth: float = DEFAULT_GROWTH,
+                 slack: int = OUTPUT_SLACK_TOKENS) -> int:
+    """Largest source piece (tokens) whose prompt and bounded output fit a context of n_ctx."""
+    return int((n_ctx - overhead_tokens - slack) / (1.0 + growth))
+
+
+def _cut_points(text: str, code: bool) -> list[list[int]]:
+    """Candidate cut positions (index of the first character of a new piece), coarse to fine."""
+    headings, paragraphs, top_level, lines, spaces = [], [], [], [], []
+    blank_before = False
+    pos = 0
+    for line in text.split("\n"):
+        if pos > 0 and line.strip():
+            lines.append(pos)
+            if blank_before:
+                paragraphs.append(pos)
+                if code and not line[0].isspace() and line.lstrip()[0] not in ")]}":
+                    top_level.append(pos)
+            if not code and re.match(r"#{1,6}\s", line):
+                headings.append(pos)
+        blank_before = not line.strip()
+        pos += len(line) + 1
+    for m in re.finditer(r"(?<=[ \t])(?=\S)", text):
+        spaces.append(m.start())
+    first = top_level if code else headings
+    return [sorted(set(first)), paragraphs, lines, spaces]
+
+
+def split_text(text: str, max_tokens: int, count_tokens: Callable[[str], int], *,
+               code: bool = False, min_fill: float = 0.5) -> list[tuple[int, int]]:
+    """Cut `text` into (start, end) spans of at most `max_tokens` tokens each, covering it in order.
+
+    A piece ends before the last Markdown heading (prose) or top-level definition after a
+    blank line (code) that fits, if that fills at least `min_fill` of the budget; else before
+    the last blank-line paragraph that fits, else the last line, else the last space; a
+    piece with none of these is cut at a character. Blank lines stay at the end of the piece
+    before the cut. The spans always join back to `text`:
+    text == "".join(text[s:e] for s, e in spans).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if not text:
+        return []
+    levels = _cut_points(text, code)
+    spans: list[tuple[int, int]] = []
+    start = 0
+    n = len(text)
+    while start < n:
+        if count_tokens(text[start:]) <= max_tokens:
+            spans.append((start, n))
+            break
+        reach = start + 32 * max_tokens  # no token is 32 characters long: cuts past this never fit
+        best = None
+        for depth, cuts in enumerate(levels):
+            fit = _farthest_fit(text, start, [c for c in cuts if start < c < min(n, reach)], max_tokens, count_tokens)
+            if fit is None:
+                continue
+            if depth > 0 or count_tokens(text[start:fit]) >= min_fill * max_tokens:
+                best = fit  # sections when they fill the piece; else the last paragraph, line, space
+                break
+        if best is None:  # no boundary within the budget: cut at a character
+            best = _farthest_fit(text, start, list(range(start + 1, min(n, reach))), max_tokens, count_tokens)
+            best = best if best is not None else start + 1
+        spans.append((start, best))
+        start = best
+    return spans
+
+
+def _farthest_fit(text: str, start: int, cands: list[int], max_tokens: int,
+                  count_tokens: Callable[[str], int]) -> int | None:
+    """The last of the sorted `cands` with text[start:c] within budget (binary search)."""
+    lo, hi, best = 0, len(cands) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if count_tokens(text[start : cands[mid]]) <= max_tokens:
+            best = cands[mid]
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75,
+                  min_matched: float = 0.5) -> int:
+    """Where in `source` the text not yet rewritten starts, given the rewrite `kept` so far.
+
+    Walks the kept lines in order and matches each to a source line at or after the last
+    match (within `window` lines; equal, or similar by difflib's ratio >= `min_ratio`, so a
+    line with a typo fixed still matches). Returns the character offset just after the last
+    matched source line: a rewrite cut short by a loop or its bound goes on with the source
+    from there, so no part of the text is lost. Returns 0 (nothing to go on from) when fewer
+    than `min_matched` of the kept non-blank lines matched: the rewrite was not following
+    the source, and appending the source's rest would repeat what it already said.
+    """
+    src_lines = source.split("\n")
+    starts = [0]
+    for line in src_lines:
+        starts.append(starts[-1] + len(line) + 1)
+    cursor = 0  # first source line not yet matched
+    lines = matched = 0
+    for line in kept.split("\n"):
+        target = line.strip()
+        if not target:
+            continue
+        lines += 1
+        for j in range(cursor, min(len(src_lines), cursor + window)):
+            candidate = src_lines[j].strip()
+            if candidate == target or (candidate and difflib.SequenceMatcher(None, candidate, target).ratio() >= min_ratio):
+                cursor = j + 1
+                matched += 1
+                break
+    if not lines or matched < min_matched * lines:
+        return 0
+    return min(starts[cursor], len(source))

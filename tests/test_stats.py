@@ -1,0 +1,35 @@
+"""lookahead.stats: the one definition of a request's `speculation` dict, read back and merged."""
+from __future__ import annotations
+
+from lookahead.stats import SpeculationStats
+
+
+def _request(**counts) -> SpeculationStats:
+    s = SpeculationStats(decode_threads=4, **counts)
+    s.record_step(drafted=4, accepted=3, emitted=4, sources=[0, 1])
+    s.record_step(drafted=0, accepted=0, emitted=1)
+    s.prefill_ms, s.verify_ms, s.total_ms = 12.5, 30.25, 50.0
+    return s
+
+
+def test_from_dict_reads_back_what_to_dict_wrote():
+    s = _request(prompt_tokens=40, reused_prompt_tokens=8, prediction_drafted=4, prediction_accepted=3)
+    back = SpeculationStats.from_dict(s.to_dict())
+    assert back == s
+    assert back.accept_histogram == {3: 1} and back.by_source == {0: [4, 3], 1: [4, 3]}
+    assert back.summary() == s.summary()
+    # what a dict leaves out: zeros, and not speculative
+    assert SpeculationStats.from_dict({"generated_tokens": 3}) == SpeculationStats(speculative=False,
+                                                                                  generated_tokens=3)
+
+
+def test_merge_sums_requests_and_keeps_the_last_decode_threads():
+    a, b = _request(prompt_tokens=10), _request(prompt_tokens=20, contended=True)
+    b.decode_threads = 2
+    m = SpeculationStats.merge([a, b])
+    assert (m.prompt_tokens, m.generated_tokens, m.target_passes, m.drafted, m.accepted) == (30, 10, 4, 8, 6)
+    assert m.accept_histogram == {3: 2} and m.by_source == {0: [8, 6], 1: [8, 6]}
+    assert (m.prefill_ms, m.verify_ms, m.total_ms) == (25.0, 60.5, 100.0)
+    assert m.speculative and m.contended and m.decode_threads == 2 and m.fallback is None
+    assert SpeculationStats.merge([]) == SpeculationStats(speculative=False)
+    assert (a.prompt_tokens, a.accept_histogram, a.by_source) == (10, {3: 1}, {0: [4, 3], 1: [4, 3]})  # untouched
