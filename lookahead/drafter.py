@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .index import CONTEXT, Branch, Match, SuffixIndex
+from .sequences import agreeing_prefix
 
 CONTEXT_KIND = 0  # the candidate follows an occurrence in the running context (prompt + output)
 REFERENCE_KIND = 1  # ... in a registered reference
@@ -733,7 +734,7 @@ class Drafter:
             cand = self._candidate(index, pending.match, len(emitted), pending.kind, context_end=pending.at)
             if cand is None:
                 return
-        agree = _agreeing_prefix(cand.tokens, emitted)
+        agree = agreeing_prefix(cand.tokens, emitted)
         tested = min(len(cand.tokens), len(emitted))
         if agree < tested:
             for start, end, key in cand.substituted:
@@ -755,14 +756,6 @@ def _source_offset(substituted: tuple[tuple[int, int, tuple[int, ...]], ...], i:
             return min(i, start) + shift
         shift += len(key) - (end - start)
     return i + shift
-
-
-def _agreeing_prefix(tokens: list[int], emitted: np.ndarray) -> int:
-    n = min(len(tokens), len(emitted))
-    a = 0
-    while a < n and tokens[a] == emitted[a]:
-        a += 1
-    return a
 
 
 def _follow_majority(index: SuffixIndex, match: Match, depth: int,

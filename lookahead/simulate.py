@@ -30,6 +30,7 @@ import numpy as np
 
 from .drafter import _BUCKET_UPPER, KIND_NAMES, N_KINDS, CostModel, Draft, Drafter, _bucket
 from .index import SuffixIndex
+from .sequences import agreeing_prefix
 
 # Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core AMD EPYC VM
 # with 2 threads, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
@@ -144,10 +145,7 @@ def _prefill_ms(prompt: Sequence[int], cost_ms: Callable[[int], float]) -> float
 def _walk(draft: Draft, truth: Sequence[int]) -> list[int]:
     """The draft nodes a target accepts when it emits `truth` (chain or tree)."""
     if draft.parents is None:
-        a = 0
-        while a < len(draft) and a < len(truth) and draft.tokens[a] == truth[a]:
-            a += 1
-        return list(range(a))
+        return list(range(agreeing_prefix(draft.tokens, truth)))
     path: list[int] = []
     node = -1
     for token in truth:
@@ -178,10 +176,9 @@ def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Draf
             cand = drafter.candidate(index, len(output) - pos)
             if cand is not None:
                 truth = output[pos : pos + len(cand.tokens)]
-                a = 0
-                while a < len(truth) and cand.tokens[a] == truth[a]:
-                    counts[cand.kind, _bucket(cand.match_length + a), 0] += 1
-                    a += 1
+                a = agreeing_prefix(cand.tokens, truth)
+                for i in range(a):
+                    counts[cand.kind, _bucket(cand.match_length + i), 0] += 1
                 if a < len(truth):
                     counts[cand.kind, _bucket(cand.match_length + a), 1] += 1
             index.extend(output[pos : pos + 1])
