@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafter import _BUCKET_UPPER, KIND_NAMES, N_KINDS, CostModel, Draft, Drafter, _bucket
+from .drafter import KIND_NAMES, N_KINDS, CostModel, Draft, Drafter
+from .drafter.priors import _BUCKET_UPPER, _bucket
 from .index import SuffixIndex
 from .sequences import agreeing_prefix
 
@@ -267,7 +268,7 @@ def format_report(summary: dict[str, dict[str, float]]) -> str:
 
 
 def format_priors(name: str, rates: np.ndarray) -> str:
-    """The table as drafter.py spells it: one row per source kind."""
+    """The table as lookahead/drafter/priors.py spells it: one row per source kind."""
     rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(KIND_NAMES, rates)]
     return "\n".join([f"{name} = (", *rows, ")"])
 
