@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .drafter import KIND_NAMES, N_KINDS, CostModel, Draft, Drafter
-from .drafter.priors import _BUCKET_UPPER, _bucket
+from .drafter import priors  # its tables read through the module, so that a patched one reaches here
 from .index import SuffixIndex
 from .sequences import agreeing_prefix
 
@@ -168,7 +168,7 @@ def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Draf
     does not depend on any length policy, so the table it gives can serve as that policy's
     prior.
     """
-    counts = np.zeros((N_KINDS, len(_BUCKET_UPPER), 2))
+    counts = np.zeros((N_KINDS, len(priors._BUCKET_UPPER), 2))
     for t in traces:
         index = _new_index(t["prompt"], t.get("references", ()))
         output = t["output"]
@@ -179,9 +179,9 @@ def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Draf
                 truth = output[pos : pos + len(cand.tokens)]
                 a = agreeing_prefix(cand.tokens, truth)
                 for i in range(a):
-                    counts[cand.kind, _bucket(cand.match_length + i), 0] += 1
+                    counts[cand.kind, priors._bucket(cand.match_length + i), 0] += 1
                 if a < len(truth):
-                    counts[cand.kind, _bucket(cand.match_length + a), 1] += 1
+                    counts[cand.kind, priors._bucket(cand.match_length + a), 1] += 1
             index.extend(output[pos : pos + 1])
     return counts
 

@@ -86,6 +86,17 @@ def test_acceptance_counts_by_hand():
     assert counts.sum() == 3
 
 
+def test_acceptance_counts_follow_the_drafters_buckets_where_a_test_patches_them(monkeypatch):
+    # The simulator reads the bucket table through lookahead.drafter.priors, as the drafter
+    # does: a patched table reaches both (the by-hand case above, with buckets <=2 and more).
+    monkeypatch.setattr(priors, "_BUCKET_UPPER", (2, 1 << 30))
+    cost = simulate.pinned_cost(FLAT)
+    trace = {"prompt": [1, 2, 3, 1, 2], "output": [3, 9]}
+    counts = simulate.acceptance_counts([trace], lambda: Drafter(cost))
+    assert counts.shape == (priors.N_KINDS, 2, 2)
+    assert counts[0, 0].tolist() == [1, 0] and counts[0, 1].tolist() == [0, 2]
+
+
 def test_report_and_command_line(tmp_path, capsys):
     prompt, output = copy_trace()
     traces = [{"id": "copy", "category": "edit", "temperature": 0.0, "prompt": prompt, "output": output},
