@@ -33,13 +33,12 @@ from .drafter import priors  # its tables read through the module, so that a pat
 from .index import SuffixIndex
 from .sequences import agreeing_prefix
 
-# Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core AMD EPYC VM
-# with 2 threads, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
-# rounds, cost_curve_ms in its --json) on 2026-11-30, with scripts/setup.sh's build, which has
-# lookahead's Q4_1 batch kernel (adapters/patches). The stock build's curve, same VM and day:
-# STOCK_Q4_1_CURVE. Replace it with your machine's: `--curve` takes the same form.
+# Verify cost t(n) in ms of one decode of n tokens: SmolLM2-135M Q4_1 with 2 threads on 2
+# AMD EPYC cores, as `lookahead bench` measures it (the adapter's `calibrate`, medians of 3
+# rounds, cost_curve_ms in its --json), with scripts/setup.sh's build and its Q4_1 batch kernel
+# (adapters/patches). A stock build's batches cost more there (t(64) 176 ms against 111): give
+# the simulator your machine's curve with `--curve`, in the same form.
 DEFAULT_CURVE = ((1, 7.6), (2, 11.0), (4, 14.4), (8, 25.7), (16, 42.2), (32, 65.7), (64, 111.0))
-STOCK_Q4_1_CURVE = ((1, 7.6), (2, 14.0), (4, 19.2), (8, 29.1), (16, 50.0), (32, 91.5), (64, 175.9))
 
 
 @dataclass
