@@ -28,16 +28,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafter import _BUCKET_UPPER, KIND_NAMES, N_KINDS, CostModel, Draft, Drafter, _bucket
+from .drafter import KIND_NAMES, N_KINDS, CostModel, Draft, Drafter
+from .drafter import priors  # its tables read through the module, so that a patched one reaches here
 from .index import SuffixIndex
+from .sequences import agreeing_prefix
 
-# Verify cost t(n) in ms of one decode of n tokens, SmolLM2-135M Q4_1 on a 2-core AMD EPYC VM
-# with 2 threads, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
-# rounds, cost_curve_ms in its --json) on 2026-11-30, with scripts/setup.sh's build, which has
-# lookahead's Q4_1 batch kernel (adapters/patches). The stock build's curve, same VM and day:
-# STOCK_Q4_1_CURVE. Replace it with your machine's: `--curve` takes the same form.
+# Verify cost t(n) in ms of one decode of n tokens: SmolLM2-135M Q4_1 with 2 threads on 2
+# AMD EPYC cores, as `lookahead bench` measures it (the adapter's `calibrate`, medians of 3
+# rounds, cost_curve_ms in its --json), with scripts/setup.sh's build and its Q4_1 batch kernel
+# (adapters/patches). A stock build's batches cost more there (t(64) 176 ms against 111): give
+# the simulator your machine's curve with `--curve`, in the same form.
 DEFAULT_CURVE = ((1, 7.6), (2, 11.0), (4, 14.4), (8, 25.7), (16, 42.2), (32, 65.7), (64, 111.0))
-STOCK_Q4_1_CURVE = ((1, 7.6), (2, 14.0), (4, 19.2), (8, 29.1), (16, 50.0), (32, 91.5), (64, 175.9))
 
 
 @dataclass
@@ -144,10 +145,7 @@ def _prefill_ms(prompt: Sequence[int], cost_ms: Callable[[int], float]) -> float
 def _walk(draft: Draft, truth: Sequence[int]) -> list[int]:
     """The draft nodes a target accepts when it emits `truth` (chain or tree)."""
     if draft.parents is None:
-        a = 0
-        while a < len(draft) and a < len(truth) and draft.tokens[a] == truth[a]:
-            a += 1
-        return list(range(a))
+        return list(range(agreeing_prefix(draft.tokens, truth)))
     path: list[int] = []
     node = -1
     for token in truth:
@@ -169,7 +167,7 @@ def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Draf
     does not depend on any length policy, so the table it gives can serve as that policy's
     prior.
     """
-    counts = np.zeros((N_KINDS, len(_BUCKET_UPPER), 2))
+    counts = np.zeros((N_KINDS, len(priors._BUCKET_UPPER), 2))
     for t in traces:
         index = _new_index(t["prompt"], t.get("references", ()))
         output = t["output"]
@@ -178,12 +176,11 @@ def acceptance_counts(traces: Sequence[dict], drafter_factory: Callable[[], Draf
             cand = drafter.candidate(index, len(output) - pos)
             if cand is not None:
                 truth = output[pos : pos + len(cand.tokens)]
-                a = 0
-                while a < len(truth) and cand.tokens[a] == truth[a]:
-                    counts[cand.kind, _bucket(cand.match_length + a), 0] += 1
-                    a += 1
+                a = agreeing_prefix(cand.tokens, truth)
+                for i in range(a):
+                    counts[cand.kind, priors._bucket(cand.match_length + i), 0] += 1
                 if a < len(truth):
-                    counts[cand.kind, _bucket(cand.match_length + a), 1] += 1
+                    counts[cand.kind, priors._bucket(cand.match_length + a), 1] += 1
             index.extend(output[pos : pos + 1])
     return counts
 
@@ -270,7 +267,7 @@ def format_report(summary: dict[str, dict[str, float]]) -> str:
 
 
 def format_priors(name: str, rates: np.ndarray) -> str:
-    """The table as drafter.py spells it: one row per source kind."""
+    """The table as lookahead/drafter/priors.py spells it: one row per source kind."""
     rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(KIND_NAMES, rates)]
     return "\n".join([f"{name} = (", *rows, ")"])
 

@@ -14,9 +14,9 @@ from lookahead.drafter import (
     CostModel,
     Draft,
     Drafter,
-    _follow_majority,
     best_length,
 )
+from lookahead.drafter.follow import _follow_majority
 from lookahead.index import Match, SuffixIndex
 
 # A CPU-like verify cost: t(n) in ms for n tokens in one decode (interpolated in between).
@@ -30,15 +30,15 @@ PRIOR = {2: 0.30, 5: 0.50, 11: 0.65, 23: 0.78, 24: 0.88}
 
 @pytest.fixture(autouse=True)
 def hand_prior_table(monkeypatch):
-    import lookahead.drafter as drafter
+    from lookahead.drafter import priors
 
-    monkeypatch.setattr(drafter, "_BUCKET_UPPER", (2, 5, 11, 23, 1 << 30))
-    monkeypatch.setattr(drafter, "_PRIOR_MEAN", ((0.30, 0.50, 0.65, 0.78, 0.88),) * drafter.N_KINDS)
-    monkeypatch.setattr(drafter, "_PRIOR_STRENGTH", 6.0)
+    monkeypatch.setattr(priors, "_BUCKET_UPPER", (2, 5, 11, 23, 1 << 30))
+    monkeypatch.setattr(priors, "_PRIOR_MEAN", ((0.30, 0.50, 0.65, 0.78, 0.88),) * priors.N_KINDS)
+    monkeypatch.setattr(priors, "_PRIOR_STRENGTH", 6.0)
 
 
 def test_shipped_prior_table_is_well_formed(monkeypatch):
-    import lookahead.drafter as shipped
+    import lookahead.drafter.priors as shipped
 
     monkeypatch.undo()  # the table as shipped, not the fixture's
     upper = np.array(shipped._BUCKET_UPPER)
@@ -907,7 +907,7 @@ def test_a_deletion_is_not_learned():
 
 
 def test_source_offset_maps_candidate_tokens_back_through_substitutions():
-    from lookahead.drafter import _source_offset
+    from lookahead.drafter.rejoin import _source_offset
 
     spans = ((2, 4, (7,)), (6, 6, (9, 9)))  # 7 -> two tokens at 2..3; 9 9 -> nothing at 6
     assert [_source_offset(spans, i) for i in range(9)] == [0, 1, 2, 2, 3, 4, 7, 8, 9]

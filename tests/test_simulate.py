@@ -2,7 +2,7 @@
 
 The last test refits the drafter's shipped prior tables from the committed traces
 (samples/examples/traces.json, written by samples/examples/record_traces.py) with the command
-named next to them in drafter.py, and fails if the shipped numbers are not what it prints.
+named next to them in lookahead/drafter/priors.py, and fails if the shipped numbers are not what it prints.
 """
 import json
 from pathlib import Path
@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import lookahead.drafter as drafter_module
 from lookahead import simulate
-from lookahead.drafter import CostModel, Drafter
+from lookahead.drafter import CostModel, Drafter, priors, rejoin
 
 TRACES = Path(__file__).resolve().parents[1] / "samples" / "examples" / "traces.json"
 FLAT = ((1, 10.0), (64, 10.0))  # every decode costs the same: drafting is free
@@ -81,10 +80,21 @@ def test_acceptance_counts_by_hand():
     cost = simulate.pinned_cost(FLAT)
     trace = {"prompt": [1, 2, 3, 1, 2], "output": [3, 9]}
     counts = simulate.acceptance_counts([trace], lambda: Drafter(cost))  # [kind, bucket, 2]
-    b2, b3 = drafter_module._bucket(2), drafter_module._bucket(3)
+    b2, b3 = priors._bucket(2), priors._bucket(3)
     assert counts[0, b2].tolist() == [1, 0]
     assert counts[0, b3].tolist() == [0, 2]
     assert counts.sum() == 3
+
+
+def test_acceptance_counts_follow_the_drafters_buckets_where_a_test_patches_them(monkeypatch):
+    # The simulator reads the bucket table through lookahead.drafter.priors, as the drafter
+    # does: a patched table reaches both (the by-hand case above, with buckets <=2 and more).
+    monkeypatch.setattr(priors, "_BUCKET_UPPER", (2, 1 << 30))
+    cost = simulate.pinned_cost(FLAT)
+    trace = {"prompt": [1, 2, 3, 1, 2], "output": [3, 9]}
+    counts = simulate.acceptance_counts([trace], lambda: Drafter(cost))
+    assert counts.shape == (priors.N_KINDS, 2, 2)
+    assert counts[0, 0].tolist() == [1, 0] and counts[0, 1].tolist() == [0, 2]
 
 
 def test_report_and_command_line(tmp_path, capsys):
@@ -112,7 +122,7 @@ def test_pinned_cost_learns_nothing():
 def test_shipped_priors_are_what_the_command_prints():
     traces = json.loads(TRACES.read_text())
     cost = simulate.pinned_cost()
-    for sampled, shipped in ((False, drafter_module._PRIOR_MEAN), (True, drafter_module._PRIOR_MEAN_SAMPLED)):
+    for sampled, shipped in ((False, priors._PRIOR_MEAN), (True, priors._PRIOR_MEAN_SAMPLED)):
         chosen = [t for t in traces if (t["temperature"] > 0) == sampled]
         assert chosen, f"no traces with sampled={sampled} in {TRACES}"
         fitted = simulate.fit_priors(chosen, lambda: Drafter(cost, sampled=sampled))
@@ -129,10 +139,10 @@ def test_priors_command_prints_tables_drafter_py_can_hold(tmp_path, capsys):
     simulate.main(["priors", str(path)])
     out = capsys.readouterr().out
     namespace = {}
-    exec(out, namespace)  # valid Python, the shape drafter.py uses
+    exec(out, namespace)  # valid Python, the shape priors.py uses
     for name in ("_PRIOR_MEAN", "_PRIOR_MEAN_SAMPLED"):
         table = np.array(namespace[name])
-        assert table.shape == np.array(drafter_module._PRIOR_MEAN).shape
+        assert table.shape == np.array(priors._PRIOR_MEAN).shape
         assert np.all((table >= 0.02) & (table <= 0.995)) and np.all(np.diff(table, axis=-1) >= 0)
 
 
@@ -181,7 +191,7 @@ def test_learned_substitutions_save_passes_on_renames(monkeypatch):
 
     ids = ("copy-rename-counts", "copy-rename-backoff", "copy-backup-path")
     with_rules = [passes(i) for i in ids]
-    monkeypatch.setattr(drafter_module, "MAX_RULES", 0)
+    monkeypatch.setattr(rejoin, "MAX_RULES", 0)
     without = [passes(i) for i in ids]
     assert all(w < wo for w, wo in zip(with_rules, without)), (with_rules, without)
 

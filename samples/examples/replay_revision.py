@@ -2,8 +2,8 @@
 
     .venv/bin/python samples/examples/replay_revision.py REV [TRACES.json] [--curve 1:8.8,2:22.9,...]
 
-Loads lookahead/drafter.py and lookahead/index.py as they were at REV (e.g. `main`, a commit)
-into a temporary package and prints the same report as `python -m lookahead.simulate`, with
+Loads the drafter (lookahead/drafter.py, or the lookahead/drafter/ package) and the modules it
+imports as they were at REV (e.g. `main`, a commit) into a temporary package and prints the same report as `python -m lookahead.simulate`, with
 this checkout's simulator, so the two tables differ only by the drafter. The oracle column
 uses that drafter's own candidate (its index's longest match, followed by majority).
 """
@@ -23,15 +23,24 @@ from lookahead.drafter import Candidate
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# What the drafter of any revision imports from lookahead/: the index, and since the drafter
+# became a package, its modules and the sequence helpers.
+REVISION_FILES = ("lookahead/drafter.py", "lookahead/drafter", "lookahead/index.py", "lookahead/sequences.py")
+
+
 def load_revision(rev: str):
     """The `lookahead.drafter` and `lookahead.index` modules of `rev`, as a package `lookahead_at_rev`."""
     folder = Path(tempfile.mkdtemp()) / "lookahead_at_rev"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    for name in ("drafter", "index"):
-        source = subprocess.run(["git", "show", f"{rev}:lookahead/{name}.py"], cwd=ROOT, check=True,
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "--", *REVISION_FILES], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout.split()
+    for path in (p for p in listed if p.endswith(".py")):
+        source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout
-        (folder / f"{name}.py").write_text(source)
+        target = folder / Path(path).relative_to("lookahead")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source)
     sys.path.insert(0, str(folder.parent))
     return importlib.import_module("lookahead_at_rev.drafter"), importlib.import_module("lookahead_at_rev.index")
 

@@ -1,0 +1,215 @@
+"""The verify-cost curve t(n): what one decode of n tokens costs, in ms, learned from timed
+decodes. The drafter sizes every draft by it (see the package doc)."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+# A measured size moves the cost curve when its estimate drifts by more than this share.
+CURVE_TOLERANCE = 0.01
+# ... and the scale (t(1) now) when it drifts by more than this share: it moves with the
+# position at every step, and only the shape changes what gets drafted.
+SCALE_TOLERANCE = 0.05
+# How much dearer a batch is, against one token, when the backend decodes with half the cores
+# the curve was measured with (another process took the rest): on 2 cores t(8) / t(1) is
+# 41 / 8.0 ms with 1 thread against 27 / 7.3 with 2, a factor of 1.4.
+CONTENDED_BATCH_FACTOR = 1.4
+
+
+class CostModel:
+    """Verify cost t(n), in ms, of one decode of n tokens; learned from observed decodes.
+
+    Attention makes every decode dearer as the context grows, and a shared machine speeds up
+    and slows down. The ratio t(n) / t(1) at one position hardly moves (SmolLM2-135M Q4_1 on 2
+    threads: t(1) grows from 7.6 to 10.9 ms between positions 200 and 1400, t(32) / t(1) stays
+    between 12.2 and 12.9), and drafting decisions depend on nothing else. So the model keeps
+    two things apart:
+
+    * the scale: the median of the last `window` one-token decodes, which are timed at
+      nearly every step, so it follows the request's position and the machine's state;
+    * the shape: each size's timings divided by the scale when they were taken, the median
+      of its last `window` ratios.
+
+    t(n) is shape x scale. A size timed only during a long request (late positions) thus
+    does not make the sizes timed early look cheap, nor the reverse. Before any one-token
+    timing there is no scale: the timings are kept as they are, and become ratios against
+    the first one-token timing.
+
+    Sizes that were observed use their estimate; other sizes are interpolated linearly
+    between observed neighbours; beyond the largest observed size the curve is extrapolated
+    with the slope of its last segment (or `prior_slope` times t(1) when only one size was
+    seen).
+
+    A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
+    dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
+    real observations of each size are compared with it, and when `revalidate_after` of them
+    are off by more than `tolerance` (a factor, either way; a median of them, so one spike
+    does not count), the restored figures are dropped and `needs_calibration` is set, so the
+    owner measures afresh at the next chance.
+    """
+
+    def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
+                 learning: bool = True):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = int(max_batch)
+        self.prior_slope = float(prior_slope)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = int(window)
+        self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
+        self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
+        self.calibration_sizes = (1, 2, 4, 8, 16)  # larger sizes extrapolate
+        self._reset()
+        # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
+        self._restored: dict[int, float] = {}
+        self._checks: list[float] = []
+        self.revalidate_after = 3
+        self.tolerance = 1.5
+
+    def _reset(self) -> None:
+        self._scale_recent: deque = deque(maxlen=self.window)  # one-token timings, ms
+        self._scale = math.nan  # their median: t(1) now
+        # [n] per size n >= 2: recent timings / the scale at the time (ms while there is no scale)
+        self._recent: dict[int, deque] = {}
+        self._shape = np.full(self.max_batch + 1, np.nan)  # [n] median of _recent[n]; [1] = 1
+        self._seen = np.zeros(self.max_batch + 1, dtype=np.int64)
+        self._curve: np.ndarray | None = None  # cached t(n) for n in 0..max_batch
+        self._built_shape = self._shape.copy()  # what the cached curve was built from
+        self._built_scale = math.nan
+
+    def observe(self, n_tokens: int, ms: float) -> None:
+        """Record one decode of `n_tokens` that took `ms`. Estimates are medians of the last
+        `window` timings: robust to the spikes of a shared machine."""
+        if not self.learning:
+            return
+        if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
+            return
+        if self._restored and self._probation(n_tokens, float(ms)):
+            return
+        self._seen[n_tokens] += 1
+        if n_tokens == 1:
+            first = math.isnan(self._scale)
+            self._scale_recent.append(float(ms))
+            # (statistics.median: a few values, at every step; numpy's costs tens of microseconds)
+            self._scale = statistics.median(self._scale_recent)
+            self._shape[1] = 1.0
+            if first:  # timings taken without a scale become ratios against this first one
+                for n, recent in self._recent.items():
+                    self._recent[n] = deque((x / ms for x in recent), maxlen=self.window)
+                    self._shape[n] = statistics.median(self._recent[n])
+                self._curve = None
+            # Rebuild the curve (and what depends on it) only when the scale moved by more
+            # than SCALE_TOLERANCE since the curve was built: drafting decisions depend on the
+            # shape alone, and a rebuild at every step cost more than the drafting itself.
+            elif not abs(self._scale - self._built_scale) <= SCALE_TOLERANCE * self._built_scale:
+                self._curve = None
+            return
+        value = float(ms) if math.isnan(self._scale) else float(ms) / self._scale
+        recent = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
+        recent.append(value)
+        median = statistics.median(recent)
+        self._shape[n_tokens] = median
+        # ... and only when a size's estimate moved by more than CURVE_TOLERANCE.
+        built = self._built_shape[n_tokens]
+        if not abs(median - built) <= CURVE_TOLERANCE * built:  # (NaN: a new size)
+            self._curve = None
+
+    def _probation(self, n_tokens: int, ms: float) -> bool:
+        """Compare a real timing with the restored curve; True if the curve was just dropped."""
+        self._checks.append(ms / self.cost_ms(n_tokens))
+        if len(self._checks) < self.revalidate_after:
+            return False
+        ratio = float(np.median(self._checks))
+        self._restored = {}
+        self._checks = []
+        if 1 / self.tolerance <= ratio <= self.tolerance:
+            return False  # confirmed: keep learning on top of it
+        # The machine, load or build changed: forget the restored figures and measure again.
+        self._reset()
+        self.needs_calibration = True
+        return True
+
+    @property
+    def calibrated(self) -> bool:
+        return int(np.count_nonzero(self._seen)) >= 2
+
+    @property
+    def observations(self) -> int:
+        """Timings taken into the curve so far (restored points count once)."""
+        return int(self._seen.sum())
+
+    def _times(self, sizes: np.ndarray) -> np.ndarray:
+        """The current estimate, in ms, of each observed size in `sizes`."""
+        if math.isnan(self._scale):
+            return self._shape[sizes].copy()  # no scale yet: timings as they were taken
+        return self._shape[sizes] * self._scale
+
+    def to_dict(self) -> dict[str, Any]:
+        """The measured curve as {"max_batch", "ms": {n: ms}} (observed sizes only, at the
+        current scale)."""
+        sizes = np.flatnonzero(self._seen)
+        times = self._times(sizes)
+        return {"max_batch": self.max_batch,
+                "ms": {str(int(n)): round(float(ms), 3) for n, ms in zip(sizes, times)}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], max_batch: int | None = None, **kwargs: Any) -> "CostModel":
+        """A cost model holding a curve saved by `to_dict`, on probation (see the class doc).
+
+        Raises ValueError naming the problem when `data` is not such a dict.
+        """
+        try:
+            points = {int(n): float(ms) for n, ms in data["ms"].items()}
+            saved_max = int(data["max_batch"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"not a saved cost curve (want {{'max_batch': N, 'ms': {{n: ms}}}}): {data!r}") from None
+        cost = cls(max_batch=saved_max if max_batch is None else max_batch, **kwargs)
+        learning, cost.learning = cost.learning, True
+        for n_tokens, ms in sorted(points.items()):  # t(1) first: the scale of the others
+            if 1 <= n_tokens <= cost.max_batch and ms > 0 and not math.isinf(ms):
+                cost.observe(n_tokens, ms)
+        cost.learning = learning
+        cost._restored = {n: ms for n, ms in points.items() if 1 <= n <= cost.max_batch and cost._seen[n]}
+        return cost
+
+    def curve(self) -> np.ndarray:
+        """t(n) for n = 0..max_batch (index 0 unused), in ms."""
+        if self._curve is not None:
+            return self._curve
+        self._built_shape = self._shape.copy()
+        self._built_scale = self._scale
+        sizes = np.flatnonzero(self._seen)
+        n = np.arange(self.max_batch + 1, dtype=np.float64)
+        if len(sizes) == 0:
+            t1 = 10.0  # no evidence yet: an arbitrary scale; only ratios matter
+            curve = t1 * (1 + self.prior_slope * (n - 1))
+        else:
+            times = self._times(sizes)
+            # A decode of more tokens never costs less: enforce a non-decreasing curve, from the
+            # right. A size's time is capped by every larger size's, so one slow outlier (a
+            # shared machine's preemption, kept by a size seen only once) cannot raise the
+            # whole curve above it and switch drafting off; a too-fast timing is not a failure
+            # mode of a busy machine.
+            times = np.minimum.accumulate(times[::-1])[::-1]
+            curve = np.interp(n, sizes, times)
+            last_n, last_t = sizes[-1], times[-1]
+            if len(sizes) >= 2:
+                prev_n, prev_t = sizes[-2], times[-2]
+                slope = max((last_t - prev_t) / (last_n - prev_n), 0.0)
+            else:
+                slope = self.prior_slope * last_t / max(last_n, 1)
+            beyond = n > last_n
+            curve[beyond] = last_t + slope * (n[beyond] - last_n)
+            below = n < sizes[0]
+            curve[below] = times[0] * np.maximum(n[below], 1) / sizes[0] if sizes[0] > 1 else times[0]
+        curve[0] = curve[1]
+        self._curve = curve
+        return curve
+
+    def cost_ms(self, n_tokens: int) -> float:
+        return float(self.curve()[min(max(n_tokens, 1), self.max_batch)])
