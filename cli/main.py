@@ -11,20 +11,24 @@ from typing import Any, Iterator
 
 import click
 
+from lookahead.sampling import FRONT_END_DEFAULTS as DEFAULTS
+
 from .options import EXIT_INTERRUPTED, load_wrapped, model_options
+
 
 def _sampling_options(f):
     options = [
-        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-                         help="0 = greedy (deterministic). Higher = more random."),
-        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
+        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=DEFAULTS.temperature,
+                         show_default=True, help="0 = greedy (deterministic). Higher = more random."),
+        click.option("--top-k", type=click.IntRange(min=0), default=DEFAULTS.top_k, show_default=True,
                          help="Sample among the k most likely tokens (0 = all)."),
-        click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
+        click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=DEFAULTS.top_p, show_default=True,
                          help="Nucleus sampling: smallest set with this much probability."),
-        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True,
+        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=DEFAULTS.min_p, show_default=True,
                          help="Drop tokens below min-p times the top token's probability."),
-        click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0,
-                         show_default=True, help="Penalty for tokens among the last 64 generated (1 = off)."),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True),
+                         default=DEFAULTS.repeat_penalty, show_default=True,
+                         help="Penalty for tokens among the last 64 generated (1 = off)."),
         click.option("--seed", type=int, default=None, help="Random seed for sampling (reproducible runs)."),
         click.option("--max-tokens", type=click.IntRange(min=1), default=None,
                          help="Most tokens to generate. Default: generate: 512; rewrite: no total limit "
@@ -147,7 +151,7 @@ def generate(prompt, prompt_file, mode, system, references, temperature, top_k, 
     fast = load_wrapped(model_path, n_ctx, threads, gpu_layers, tree_width,
                         max_draft=max_draft, speculate=not no_speculate)
     if mode == "auto":
-        mode = "chat" if fast.llm.metadata.get("tokenizer.chat_template") else "raw"
+        mode = "chat" if fast.has_chat_template else "raw"
     kwargs = _sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
     kwargs.update(max_tokens=max_tokens or 512, references=ref_texts, stream=True)
     try:
@@ -248,7 +252,7 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
     n_doc = fast.count_tokens(text)
     parts = f", {len(rw.plan)} parts" if len(rw.plan) > 1 else ""
     try:  # from the announcement on, Ctrl-C is an interrupted rewrite (exit 130, file untouched)
-        click.echo(f"rewriting {file} ({n_doc} tokens{parts}) with {Path(fast.llm.model_path).name}"
+        click.echo(f"rewriting {file} ({n_doc} tokens{parts}) with {Path(fast.model_path or fast.model_name).name}"
                    f"{'' if destination is None else f' -> {destination}'}", err=True)
         for piece in rw:
             if echo:

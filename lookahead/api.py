@@ -5,23 +5,28 @@
 request's stats. The text rules (EOS, stop strings, UTF-8, streaming) are in
 `lookahead.pipeline`; the decode loop in `lookahead.engine`; everything about a backend (how
 a prompt is tokenized, the chat template, the plain path for arguments the engine does not
-implement) in its `Target` (see `lookahead.adapters.llama_cpp`, which `lookahead.wrap` and
-`lookahead.load` use).
+implement) in its `Target` (the contract: `lookahead.engine.TextTarget` and the optional
+Protocols beside it; the implementation: `lookahead.adapters.llama_cpp`, which `lookahead.wrap`
+and `lookahead.load` use). Front ends read the model through the wrapper (`n_ctx`,
+`count_tokens`, `model_path`, `prompt_cache_off`, ...), never through its target.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
 from .drafter import CostModel, Drafter
-from .engine import Target, generate_tokens
+from .engine import ModelFileTarget, PlainTarget, TextTarget, TreeTarget, generate_tokens
 from .index import SuffixIndex
 from .pipeline import CompletionText
+from .sampling import LIBRARY_DEFAULTS as DEFAULTS
 from .sampling import SamplingParams
 from .stats import SpeculationStats
+from .streams import Clock, CompletionStream, closing, recording_speculation, with_speculation_last
 
 # Arguments llama-cpp-python accepts that the engine does not implement: such requests run
 # on the target's plain path (if it has one), and the stats say so in `fallback`.
@@ -40,7 +45,7 @@ class Lookahead:
     diagnostics (see `lookahead.engine.generate_tokens`).
     """
 
-    def __init__(self, target: Target, speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
+    def __init__(self, target: TextTarget, speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
                  cost: CostModel | None = None,
                  observer: Callable[[np.ndarray, Sequence[int], Any], None] | None = None):
         if not isinstance(max_draft, int) or max_draft < 0:
@@ -61,10 +66,51 @@ class Lookahead:
         """The backend object the target drives (the `llama_cpp.Llama` for lookahead.wrap)."""
         return getattr(self.target, "llm", None)
 
+    # ---- the model, as front ends see it ----------------------------------------------
     @property
     def n_ctx(self) -> int:
-        """The context size in tokens: prompt and output together."""
+        """Tokens the context holds: prompt and completion together."""
         return self.target.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.target.n_vocab
+
+    @property
+    def model_name(self) -> str:
+        """The backend's name for the model (the `model` of responses that name none)."""
+        return self.target.model_name
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file, if the backend has one."""
+        files = _model_file(self.target)
+        return files.model_path if files is not None else None
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the model has a chat template of its own (else chat requests get the
+        backend's fallback format)."""
+        files = _model_file(self.target)
+        return files.has_chat_template if files is not None else False
+
+    def prompt_cache_off(self) -> ContextManager[None]:
+        """A block whose requests start from an empty KV cache and neither use nor fill the
+        saved prompt prefixes, so each pays its whole prefill (the server's `cache_prompt:
+        false`). A backend without a prompt cache: the block changes nothing."""
+        files = _model_file(self.target)
+        return files.prompt_cache_off() if files is not None else nullcontext()
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text`, by the one rule lookahead counts text with: no BOS, and
+        special-token markup ("<|im_end|>") counted as the plain text it is (special=False),
+        as references are indexed and a rewrite's pieces are sized."""
+        return len(self.target.tokenize(text, add_bos=False, special=False))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of `tokens` as a completion shows it (an echoed token prompt): their pieces,
+        bytes that make no UTF-8 character dropped."""
+        return b"".join(self.target.piece(int(t)) for t in tokens).decode("utf-8", errors="ignore")
 
     def verify_cost_ms(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> dict[int, float]:
         """The verify-cost curve as measured so far: {n: ms of one decode of n tokens}."""
@@ -75,10 +121,6 @@ class Lookahead:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as a reference is indexed (no BOS, special tokens as text)."""
         return self.target.tokenize(text, add_bos=False, special=False)
-
-    def count_tokens(self, text: str) -> int:
-        """How many tokens `text` is on its own (no BOS, special tokens as text)."""
-        return len(self.target.tokenize(text, add_bos=False, special=False))
 
     # ---- references ---------------------------------------------------------------
     def add_reference(self, text: str | Sequence[int]) -> int:
@@ -100,17 +142,17 @@ class Lookahead:
         prompt: str | list[int],
         suffix: str | None = None,
         max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
+        temperature: float = DEFAULTS.temperature,
+        top_p: float = DEFAULTS.top_p,
+        min_p: float = DEFAULTS.min_p,
+        typical_p: float = DEFAULTS.typical_p,
         logprobs: int | None = None,
         echo: bool = False,
         stop: str | list[str] | None = None,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        top_k: int = 40,
+        frequency_penalty: float = DEFAULTS.frequency_penalty,
+        presence_penalty: float = DEFAULTS.presence_penalty,
+        repeat_penalty: float = DEFAULTS.repeat_penalty,
+        top_k: int = DEFAULTS.top_k,
         stream: bool = False,
         seed: int | None = None,
         tfs_z: float = 1.0,
@@ -135,7 +177,7 @@ class Lookahead:
         plain path through the same engine. The result has a `speculation` entry (stream: in
         the last chunk).
         """
-        clock = _Clock()
+        clock = Clock()
         arguments = dict(locals())
         del arguments["clock"]
         unsupported = [name for name, default in UNSUPPORTED_DEFAULTS.items() if arguments[name] != default]
@@ -148,7 +190,7 @@ class Lookahead:
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, penalty_last_n=int(getattr(self.target, "penalty_last_n", 64)),
+            presence_penalty=presence_penalty, penalty_last_n=int(self.target.penalty_last_n),
         )
         prompt_tokens = self.target.completion_prompt_tokens(prompt)
         n_ctx = self.target.n_ctx
@@ -165,7 +207,7 @@ class Lookahead:
                                 references or (), prediction, stats)
         completion_id = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
-        model_name = model if model is not None else getattr(self.target, "model_name", "")
+        model_name = model if model is not None else self.target.model_name
 
         def chunk(piece: str, finish: str | None) -> dict:
             return {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
@@ -173,7 +215,7 @@ class Lookahead:
 
         if stream:
             def stream_chunks() -> Iterator[dict]:
-                with _closing(pieces):
+                with closing(pieces):
                     for piece in pieces:
                         if piece:
                             yield chunk(piece.decode("utf-8", errors="ignore"), None)
@@ -189,8 +231,7 @@ class Lookahead:
             pass
         out = text.text.decode("utf-8", errors="ignore")
         if echo:
-            out = (prompt if isinstance(prompt, str) else
-                   b"".join(self.target.piece(t) for t in prompt_tokens).decode("utf-8", errors="ignore")) + out
+            out = (prompt if isinstance(prompt, str) else self.detokenize(prompt_tokens)) + out
         result = chunk(out, text.finish_reason)
         result["usage"] = _usage(len(prompt_tokens), len(text.tokens))
         stats.request_ms = clock.ms()
@@ -218,7 +259,8 @@ class Lookahead:
         drafter = None
         if speculate and self.max_draft > 0:
             drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy,
-                              tree_width=int(getattr(self.target, "tree_width", 1)), is_stop=self.target.is_eog)
+                              tree_width=self.target.tree_width if isinstance(self.target, TreeTarget) else 1,
+                              is_stop=self.target.is_eog)
         # Beyond max_tokens the engine may need a few tokens to finish a multi-byte character
         # (llama-cpp-python keeps sampling while the text ends inside one).
         engine_max = min(text.max_tokens + 3, self.target.n_ctx - len(prompt_tokens))
@@ -256,7 +298,7 @@ class Lookahead:
         `prediction` and `speculate` as in `create_completion`, and a `speculation` entry
         (stream: in the last chunk).
         """
-        clock = _Clock()
+        clock = Clock()
         captured: list[dict] = []  # this request's stats, whatever the template does with chunks
         usage: list[dict] = []  # and its token counts (a chat stream's chunks drop them)
         inner: list[CompletionStream] = []  # the completion stream under a chat stream
@@ -268,90 +310,32 @@ class Lookahead:
                 captured.append(result.get("speculation"))
                 return result
             inner.append(result)
-            return _recording_speculation(result, captured, usage)
+            return recording_speculation(result, captured, usage)
 
         result = self.target.chat_completion(complete, messages, **kwargs)
         if isinstance(result, dict):
             # the template and the chat conversion are the library's time too
             result["speculation"] = {**captured[-1], "request_ms": round(clock.ms(), 3)} if captured else None
             return result
-        return CompletionStream(_with_speculation_last(result, captured, usage=usage, clock=clock),
+        return CompletionStream(with_speculation_last(result, captured, usage=usage, clock=clock),
                                 lambda: inner[-1].speculation if inner else (captured[-1] if captured else None),
                                 clock)
 
-    def _fallback(self, unsupported: list[str], arguments: dict[str, Any], clock: "_Clock"):
+    def _fallback(self, unsupported: list[str], arguments: dict[str, Any], clock: "Clock"):
         """Run a request the engine cannot on the target's plain path; the stats say why."""
-        plain = getattr(self.target, "plain_completion", None)
-        if plain is None:
+        if not isinstance(self.target, PlainTarget):
             raise ValueError(f"unsupported by lookahead: {', '.join(unsupported)} "
                              f"(and this target has no plain path to run them)")
         stats = SpeculationStats(speculative=False, fallback="unsupported by lookahead: " + ", ".join(unsupported))
         t0 = time.perf_counter()
-        result = plain(**arguments)
+        result = self.target.plain_completion(**arguments)
         if isinstance(result, dict):
             stats.total_ms = 1000 * (time.perf_counter() - t0)
             stats.request_ms = clock.ms()
             result["speculation"] = stats.to_dict()
             return result
-        return CompletionStream(_with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats, clock=clock),
+        return CompletionStream(with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats, clock=clock),
                                 stats.to_dict, clock)
-
-
-class _Clock:
-    """The library's own time for one request (`speculation["request_ms"]`): it runs from the
-    call until the call returns, then, for a stream, only while the next chunk is being made,
-    so the time the consumer spends between chunks (a server writing them out) is not counted."""
-
-    def __init__(self):
-        self._ms = 0.0
-        self._since: float | None = time.perf_counter()
-
-    def pause(self) -> None:
-        if self._since is not None:
-            self._ms += 1000 * (time.perf_counter() - self._since)
-            self._since = None
-
-    def resume(self) -> None:
-        if self._since is None:
-            self._since = time.perf_counter()
-
-    def ms(self) -> float:
-        running = 1000 * (time.perf_counter() - self._since) if self._since is not None else 0.0
-        return self._ms + running
-
-
-class CompletionStream:
-    """A streamed response: an iterator of llama-cpp-python's chunks (the last one carries the
-    `speculation` stats), whose `speculation` property gives the request's stats at any time,
-    also after `close()` ends it early (generation stops at the next step)."""
-
-    def __init__(self, chunks: Iterator[dict], speculation: Callable[[], dict | None], clock: _Clock | None = None):
-        self._chunks = chunks
-        self._speculation = speculation
-        self._clock = clock
-        if clock is not None:
-            clock.pause()  # the call returns: the consumer's time starts
-
-    def __iter__(self) -> "CompletionStream":
-        return self
-
-    def __next__(self) -> dict:
-        if self._clock is None:
-            return next(self._chunks)
-        self._clock.resume()
-        try:
-            return next(self._chunks)
-        finally:
-            self._clock.pause()
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-    @property
-    def speculation(self) -> dict | None:
-        return self._speculation()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -359,52 +343,27 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-class _closing:
-    """Close a generator when the block ends, however it ends (a stream closed early, too)."""
-
-    def __init__(self, gen):
-        self.gen = gen
-
-    def __enter__(self):
-        return self.gen
-
-    def __exit__(self, *exc):
-        close = getattr(self.gen, "close", None)
-        if close is not None:
-            close()
-        return False
+def _model_file(target: Any) -> ModelFileTarget | None:
+    """The target's `ModelFileTarget` members, or None. A target that does not declare them but
+    drives a `llama_cpp.Llama` at `.llm` (LlamaCppTarget until the adapter declares them) gets
+    them from the Llama."""
+    if isinstance(target, ModelFileTarget):
+        return target
+    llm = getattr(target, "llm", None)
+    return _LlamaFile(llm) if llm is not None and hasattr(llm, "model_path") else None
 
 
-def _recording_speculation(chunks: Iterator[dict], captured: list[dict], usage: list[dict]) -> Iterator[dict]:
-    """Pass a completion stream through, noting its stats and usage (the last chunk's)."""
-    with _closing(chunks):
-        for item in chunks:
-            if isinstance(item, dict) and "speculation" in item:
-                captured.append(item["speculation"])
-            if isinstance(item, dict) and "usage" in item:
-                usage.append(item["usage"])
-            yield item
+class _LlamaFile:
+    """`ModelFileTarget` over a `llama_cpp.Llama`: its file, its template, its prompt cache."""
 
+    def __init__(self, llm: Any):
+        self.llm = llm
+        self.model_path = str(llm.model_path)
+        self.has_chat_template = bool(llm.metadata.get("tokenizer.chat_template"))
 
-def _with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: float | None = None,
-                           stats: SpeculationStats | None = None,
-                           usage: list[dict] | None = None, clock: _Clock | None = None) -> Iterator[dict]:
-    """Yield the chunks; the last one gets the request's stats (`captured[-1]`, with the
-    request's time on `clock`) and, when the stream's own chunks dropped it, its usage."""
-    with _closing(chunks):
-        previous = None
-        for item in chunks:
-            if previous is not None:
-                yield previous
-            previous = item
-    if previous is not None:
-        if stats is not None and t0 is not None:
-            stats.total_ms = 1000 * (time.perf_counter() - t0)
-            captured = [stats.to_dict()]
-        speculation = captured[-1] if captured else None
-        if speculation is not None and clock is not None:
-            speculation = {**speculation, "request_ms": round(clock.ms(), 3)}
-        previous["speculation"] = speculation
-        if usage and "usage" not in previous:
-            previous["usage"] = usage[-1]
-        yield previous
+    @contextmanager
+    def prompt_cache_off(self) -> Iterator[None]:
+        from lookahead.adapters.llama_cpp import prompt_cache_off
+
+        with prompt_cache_off(self.llm):
+            yield

@@ -6,11 +6,17 @@ prompt's last chunk + draft, in the same chunks as llama-cpp-python's own prefil
 exact rule; the target's KV cache is then cut back to the last accepted position. The
 newest emitted token is never in the KV cache yet: it is the `last` token of the next step.
 With speculation off every draft is empty, so the plain path runs through the same code.
+
+The backend contract is here too, as Protocols: `Target` (what the loop calls), the optional
+`TreeTarget`, `TunedTarget` and `ContendedTarget`, and what the wrapper (`lookahead.api`)
+needs besides: `TextTarget`, and the optional `PlainTarget` and `ModelFileTarget`. Optional
+extensions are found with `isinstance` (the Protocols are runtime-checkable); required
+members are called as they are.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -21,6 +27,7 @@ from .stats import SpeculationStats
 from .verify import Verdict, verify_draft, verify_draft_with_probs, verify_tree
 
 
+@runtime_checkable
 class Target(Protocol):
     """What the engine needs from a backend (see lookahead.adapters.llama_cpp)."""
 
@@ -46,15 +53,81 @@ class Target(Protocol):
     def calibrate(self, sizes: Sequence[int]) -> dict[int, float]:
         """Time one decode of each size at the current position, then remove it: {n: ms}."""
 
-    # Optional, for tree drafts: `tree_width` (branches one decode can verify, 1 if absent),
-    # `decode_tree(root, tokens, parents) -> rows` (row 0 after the root, row j + 1 after node
-    # j) and `keep_path(path)` (keep the root and the accepted nodes, drop the other branches).
 
-    # Optional: `tune()`, called once after the first step of every request (the backend's
-    # own one-off measurements, e.g. llama.cpp's thread count; returns what it measured, empty
-    # when nothing was), `decode_threads`, and `contended` (True while the backend runs its
-    # decodes differently because another process holds the cores: the cost curve does not
-    # learn from those timings).
+@runtime_checkable
+class TreeTarget(Target, Protocol):
+    """Optional: a Target that verifies several branches of a draft in one decode."""
+
+    tree_width: int  # branches one decode can verify (1: chains only)
+
+    def decode_tree(self, root: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Decode `root` then the tree's nodes (`parents[j]`: node j's parent, -1 for the root):
+        rows [n + 1, n_vocab], row 0 after the root, row j + 1 after node j."""
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Keep the root and the nodes of `path` (the accepted ones) in the KV cache, drop the rest."""
+
+
+@runtime_checkable
+class TunedTarget(Protocol):
+    """Optional: a backend with one-off settings of its own to measure (llama.cpp: decode threads)."""
+
+    decode_threads: int  # threads of one-token decodes now (reported in the stats)
+
+    def tune(self) -> dict:
+        """Called after the first step of every request; returns what it measured, empty when
+        the setting was known already."""
+
+
+@runtime_checkable
+class ContendedTarget(Protocol):
+    """Optional: a backend that notices when another process holds the cores."""
+
+    contended: bool  # True while decodes run differently for that: the cost curve learns nothing
+
+
+@runtime_checkable
+class TextTarget(Target, Protocol):
+    """What `lookahead.api.Lookahead` needs on top of a Target: tokens, text, the chat template."""
+
+    model_name: str  # the `model` of the responses
+    penalty_last_n: int  # tokens the repeat/frequency/presence penalties look back on
+
+    def tokenize(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
+        """Token ids of `text`; `special`: parse special-token markup ("<|im_end|>") as such."""
+
+    def completion_prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """The tokens of a completion prompt, as the backend's own completion makes them."""
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as the text shows it."""
+
+    def is_eog(self, token: int) -> bool:
+        """Whether the token ends generation (EOS, end of turn)."""
+
+    def chat_completion(self, complete: Callable[..., Any], messages: list[dict], **kwargs: Any) -> Any:
+        """The backend's chat completion (its template, stop tokens, chunk shapes) with `complete`
+        (the wrapper's `create_completion`) as its completion call."""
+
+
+@runtime_checkable
+class PlainTarget(Protocol):
+    """Optional: a backend's own completion, for the arguments the engine does not implement."""
+
+    def plain_completion(self, **kwargs: Any) -> Any:
+        """`Llama.create_completion(**kwargs)`: a dict, or an iterator of chunks when streamed."""
+
+
+@runtime_checkable
+class ModelFileTarget(Protocol):
+    """Optional: what front ends show and control of the model behind a Target."""
+
+    model_path: str  # the model file
+    has_chat_template: bool  # whether chat requests get the model's own template
+
+    def prompt_cache_off(self) -> ContextManager[None]:
+        """A block whose requests start from an empty KV cache and neither use nor fill the
+        saved prompt prefixes (the whole prefill is paid, for timing)."""
 
 
 def generate_tokens(
@@ -95,6 +168,8 @@ def generate_tokens(
     if len(prompt) >= target.n_ctx:
         raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {target.n_ctx} tokens")
     t_start = time.perf_counter()
+    tuned = target if isinstance(target, TunedTarget) else None  # the optional extensions, once
+    watched = target if isinstance(target, ContendedTarget) else None
     stats.prompt_tokens = len(prompt)
     stats.speculative = drafter is not None
     kv_tokens: list[int] = []  # tokens whose KV entries exist
@@ -148,7 +223,7 @@ def generate_tokens(
             if draft.parents is None and verdict.accepted < len(draft):
                 target.rollback(len(kv_tokens))
             cost = getattr(drafter, "cost", None)
-            if getattr(target, "contended", False) and not stats.contended:
+            if watched is not None and watched.contended and not stats.contended:
                 stats.contended = True  # timings under another setting: the curve learns nothing
                 if drafter is not None:
                     drafter.contended = True
@@ -165,13 +240,12 @@ def generate_tokens(
             pending = [verdict.tokens[-1]]
             if first_step:
                 first_step = False
-                tune = getattr(target, "tune", None)
-                if tune is not None:  # backend settings measured once (llama.cpp: decode threads)
+                if tuned is not None:  # backend settings measured once (llama.cpp: decode threads)
                     t_cal = time.perf_counter()
-                    if tune():  # it measured something (else the setting was known already)
+                    if tuned.tune():  # it measured something (else the setting was known already)
                         stats.calibration_ms += 1000 * (time.perf_counter() - t_cal)
-                stats.decode_threads = getattr(target, "decode_threads", None)
-            if cost is not None and cost.needs_calibration and not getattr(target, "contended", False):
+                    stats.decode_threads = tuned.decode_threads
+            if cost is not None and cost.needs_calibration and not (watched is not None and watched.contended):
                 # Time decodes of each size once, here: after the prompt, where the attention
                 # cost is that of real requests (a decode of n tokens at position 0 is much
                 # cheaper than at position 600). Then the KV cache is cut back.
@@ -186,7 +260,7 @@ def generate_tokens(
                 generated.append(token)
                 yield (token, rows[i]) if with_rows else token
     finally:
-        if stats.decode_threads is not None:  # the backend may have changed it on the way
-            stats.decode_threads = getattr(target, "decode_threads", stats.decode_threads)
+        if tuned is not None and stats.decode_threads is not None:  # the backend may have changed it
+            stats.decode_threads = tuned.decode_threads
         target.end(kv_tokens)
         stats.total_ms = 1000 * (time.perf_counter() - t_start)

@@ -53,7 +53,12 @@ _TOP_P_FIRST_TRY = 256  # llama_sampler_top_p_apply also looks at the top 256 fi
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """The sampling settings of one llama-cpp-python request (same names, same defaults)."""
+    """The sampling settings of one llama-cpp-python request (same names, same defaults).
+
+    Its defaults are the only place sampling defaults are written: `LIBRARY_DEFAULTS` (the
+    Python API's, llama-cpp-python's) and `FRONT_END_DEFAULTS` (the commands' and the server's)
+    are made from them.
+    """
 
     temperature: float = 0.8
     top_k: int = 40
@@ -104,6 +109,11 @@ def _is_real(value) -> bool:
 
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+LIBRARY_DEFAULTS = SamplingParams()  # `Lookahead.create_completion`'s, as `Llama.create_completion`'s
+# `lookahead generate`/`rewrite` and `lookahead serve`: greedy unless asked, the rest as the library's
+FRONT_END_DEFAULTS = SamplingParams(temperature=0.0)
 
 
 def recent_window(tokens: Sequence[int], params: SamplingParams) -> tuple:

@@ -1,12 +1,14 @@
 """`lookahead serve`: the OpenAI-compatible server, as a command of the `lookahead` CLI."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import time
 
 import click
 
 from lookahead.cli.options import load_wrapped, model_options, resolve_model
+from lookahead.sampling import FRONT_END_DEFAULTS as DEFAULTS
 
 
 def _require_server_stack() -> None:
@@ -46,16 +48,16 @@ def _is_loopback(host: str) -> bool:
               help="The model id clients send and /v1/models lists. Default: the file name without .gguf.")
 @click.option("--max-draft", type=click.IntRange(min=1, max=256), default=64, show_default=True,
               help="Longest draft the cost model may choose.")
-@click.option("--temperature", "-t", type=click.FloatRange(0.0, 2.0), default=0.0, show_default=True,
+@click.option("--temperature", "-t", type=click.FloatRange(0.0, 2.0), default=DEFAULTS.temperature, show_default=True,
               help="Default for requests that send no temperature (0 = greedy).")
-@click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
+@click.option("--top-k", type=click.IntRange(min=0), default=DEFAULTS.top_k, show_default=True,
               help="Default top-k (0 = all tokens); requests may send `top_k`.")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True,
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=DEFAULTS.top_p, show_default=True,
               help="Default nucleus sampling mass for requests that send no top_p.")
-@click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True,
+@click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=DEFAULTS.min_p, show_default=True,
               help="Default min-p; requests may send `min_p`.")
-@click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0, show_default=True,
-              help="Default repeat penalty (1 = off); requests may send `repeat_penalty`.")
+@click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=DEFAULTS.repeat_penalty,
+              show_default=True, help="Default repeat penalty (1 = off); requests may send `repeat_penalty`.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Default output limit for requests that send none. Default: up to the end of the context. "
                    "(Not for /v1/lookahead/edits: an edit is bounded by its text's length.)")
@@ -95,7 +97,7 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     _require_server_stack()
     import uvicorn
 
-    from lookahead.server.app import SamplingDefaults, ServerConfig, create_app, model_id_for
+    from lookahead.server.app import ServerConfig, create_app, model_id_for
 
     if max_tokens is not None and max_tokens > n_ctx:
         raise click.BadParameter(f"{max_tokens} is larger than the context (--n-ctx {n_ctx})", param_hint="--max-tokens")
@@ -111,8 +113,9 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     config = ServerConfig(
         model_id=model_id, aliases=(path.name, str(path)), api_key=api_key, max_queue=max_queue,
         max_body_bytes=int(max_body_mib * 1024 * 1024),
-        defaults=SamplingDefaults(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                  repeat_penalty=repeat_penalty, max_tokens=max_tokens),
+        sampling=dataclasses.replace(DEFAULTS, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                     repeat_penalty=repeat_penalty),
+        max_tokens=max_tokens,
     )
     app = create_app(fast, config)
     if not _is_loopback(host) and api_key is None:

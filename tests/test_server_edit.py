@@ -5,6 +5,7 @@ tests/test_server.py runs the same endpoint in a real server process with the em
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -17,7 +18,8 @@ pytest.importorskip("sse_starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 from lookahead import edit  # noqa: E402
-from lookahead.server.app import ServerConfig, _Cancelled, _StopWhenCancelled, create_app  # noqa: E402
+from lookahead.server.app import ServerConfig, create_app  # noqa: E402
+from lookahead.server.routes.edits import Cancelled, StopWhenCancelled  # noqa: E402
 
 BUFFER = "Keep this line.\n\nteh cat sat on teh mat.\n\nKeep this one too.\n"
 
@@ -33,29 +35,22 @@ class Scripted:
         self.closed = 0
         self.requests: list[dict] = []
 
-        class Llm:
-            def n_ctx(self):
-                return n_ctx
-
-            def n_vocab(self):
-                return 100
-
-            def tokenize(self, data, add_bos=False, special=True):
-                return data.split()
-
-        class Target:
+        class Target:  # what lookahead.edit reads of a wrapper's target
             pass
 
-        self.llm = Llm()
         self.target = Target()
         self.target.n_ctx = n_ctx
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx  # what the server reads of a wrapper
+        self.n_vocab = 100
 
     def tokenize(self, text):
         return text.split()
 
     def count_tokens(self, text):
         return len(text.split())
+
+    def prompt_cache_off(self):
+        return contextlib.nullcontext()
 
     def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
         self.requests.append(dict(prediction=prediction, max_tokens=max_tokens, **kw))
@@ -144,16 +139,16 @@ def test_a_cancelled_edit_stops_at_the_next_model_step_even_while_no_text_comes(
     cancelled = threading.Event()
     source = "\n".join(f"line {i}" for i in range(40)) + "\n"
     model = Scripted(lambda s: "Sure, here are the changes:\n" * 40, on_step=lambda n: n == 12 and cancelled.set())
-    rw = edit.rewrite(_StopWhenCancelled(model, cancelled), source, "Copy")
-    with pytest.raises(_Cancelled):
+    rw = edit.rewrite(StopWhenCancelled(model, cancelled), source, "Copy")
+    with pytest.raises(Cancelled):
         next(rw)
     assert model.steps == 12 and model.closed == 1
     # without the cancellation the same rewrite runs to its bound before any text
     model.on_step = None
-    uncancelled = edit.rewrite(_StopWhenCancelled(model, threading.Event()), source, "Copy")
+    uncancelled = edit.rewrite(StopWhenCancelled(model, threading.Event()), source, "Copy")
     next(uncancelled)
     assert model.steps - 12 == model.requests[-1]["max_tokens"] > 100
     # and a rewrite cancelled before it starts sends no request
-    with pytest.raises(_Cancelled):
-        list(edit.rewrite(_StopWhenCancelled(model, cancelled), source, "Copy"))
+    with pytest.raises(Cancelled):
+        list(edit.rewrite(StopWhenCancelled(model, cancelled), source, "Copy"))
     assert len(model.requests) == 2  # the two above

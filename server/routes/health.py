@@ -1,0 +1,16 @@
+"""GET /health: the model, the context, and the decoding thread's counters (no key needed)."""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..state import state_of
+
+
+async def health(request: Request) -> Response:
+    state = state_of(request)
+    decoder = state.decoder
+    return JSONResponse({"status": "ok", "model": state.config.model_id, "n_ctx": state.n_ctx,
+                         "decoding": decoder.decoding, "waiting": decoder.waiting,
+                         "max_queue": decoder.max_queue, "served": decoder.served,
+                         "cancelled": decoder.cancelled, "rejected": decoder.rejected})
