@@ -149,7 +149,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
         known = ", ".join(MODELS)
-        raise ModelError(f"model not found: {str(p)!r} is neither a file nor a model name ({known})")
+        raise ModelError(f"model file not found: {str(p)!r} (nor is it a model name: {known})")
     if p.is_dir():
         raise ModelError(f"model path is a directory, not a GGUF file: {str(p)!r}")
     try:

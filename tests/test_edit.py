@@ -320,6 +320,8 @@ class ScriptedModel:
         self.requests: list[dict] = []
         self.closed = 0
         self.n_ctx = n_ctx
+        self.model_path = "scripted.gguf"  # what the CLI names in its progress line
+        self.model_name = "scripted"
         self.last_stats = None
 
     def count_tokens(self, text):

@@ -172,7 +172,7 @@ def test_names_resolve_to_installed_files_and_paths_are_checked(tmp_path, monkey
     monkeypatch.setenv("LOOKAHEAD_MODELS_DIR", str(tmp_path))
     with pytest.raises(ModelError, match=r"'qwen2.5-coder-1.5b'.*not installed.*lookahead models --install"):
         resolve("qwen2.5-coder-1.5b")
-    with pytest.raises(ModelError, match="neither a file nor a model name"):
+    with pytest.raises(ModelError, match="model file not found.*nor is it a model name"):
         resolve(tmp_path / "nope.gguf")
     not_gguf = tmp_path / "x.gguf"
     not_gguf.write_bytes(b"PK\x03\x04 not a model")
