@@ -234,7 +234,11 @@ def generate_tokens(
             stats.record_step(len(draft), verdict.accepted, len(verdict.tokens),
                               source=getattr(draft, "source", CONTEXT), sources=getattr(draft, "sources", ()))
             stats.propose_ms += 1000 * (t1 - t0)
-            stats.verify_ms += 1000 * (t2 - t1)
+            if first_step:  # the first pass decodes the prompt's last chunk: prefill, not verify
+                stats.prefill_ms += 1000 * (t2 - t1)
+                stats.first_pass_tokens = len(verdict.tokens)
+            else:
+                stats.verify_ms += 1000 * (t2 - t1)
             stats.sample_ms += 1000 * (t3 - t2)
             index.extend(verdict.tokens)
             pending = [verdict.tokens[-1]]
@@ -258,6 +262,8 @@ def generate_tokens(
                 if len(generated) >= max_new_tokens:
                     break
                 generated.append(token)
+                if len(generated) == 1:
+                    stats.first_token_ms = 1000 * (time.perf_counter() - t_start)
                 yield (token, rows[i]) if with_rows else token
     finally:
         if tuned is not None and stats.decode_threads is not None:  # the backend may have changed it

@@ -6,12 +6,13 @@ from typing import Any, Iterable, Mapping
 
 # The counters, summed when requests are merged, and the times in ms, rounded in `to_dict`.
 COUNT_FIELDS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "target_passes", "draft_passes",
-                "tree_passes", "drafted", "accepted", "prediction_drafted", "prediction_accepted")
-MS_FIELDS = ("prefill_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms", "total_ms",
-             "request_ms")
+                "tree_passes", "drafted", "accepted", "prediction_drafted", "prediction_accepted", "first_pass_tokens")
+MS_FIELDS = ("prefill_ms", "first_token_ms", "index_ms", "propose_ms", "verify_ms", "sample_ms", "calibration_ms",
+             "total_ms", "request_ms")
 # The times a merge sums. index_ms is not among them, so a rewrite's merged stats report 0.0 for
 # it, as they always have; summing it too would change what the server returns for an edit.
-_MERGED_MS_FIELDS = tuple(key for key in MS_FIELDS if key != "index_ms")
+# first_token_ms is not summed either: the merged request's first token is its first part's.
+_MERGED_MS_FIELDS = tuple(key for key in MS_FIELDS if key not in ("index_ms", "first_token_ms"))
 
 
 @dataclass
@@ -33,7 +34,11 @@ class SpeculationStats:
     # The request's `prediction` reference (OpenAI's Predicted Outputs): its drafted / accepted.
     prediction_drafted: int = 0
     prediction_accepted: int = 0
+    # The prompt's prefill: the cached-prefix lookup, the decode of all but its last chunk, and
+    # the first pass, which decodes that chunk (with the first draft, if any).
     prefill_ms: float = 0.0
+    first_pass_tokens: int = 0  # tokens the first pass emitted (their time is in prefill_ms)
+    first_token_ms: float = 0.0  # from the engine's start to the first token (prefill, one-off timings)
     index_ms: float = 0.0  # tokenizing and indexing the references, and indexing the prompt
     propose_ms: float = 0.0  # index queries + drafting decisions
     verify_ms: float = 0.0  # target decodes of [last token + draft]
@@ -74,11 +79,18 @@ class SpeculationStats:
 
     @property
     def decode_ms(self) -> float:
-        return self.total_ms - self.prefill_ms
+        """The engine's time after the prefill, one-off timings left out."""
+        return max(0.0, self.total_ms - self.prefill_ms - self.calibration_ms)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens emitted after the first pass (whose time is the prefill's)."""
+        return max(0, self.generated_tokens - self.first_pass_tokens)
 
     @property
     def tokens_per_second(self) -> float:
-        return 1000.0 * self.generated_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+        """Decode speed: tokens after the first pass over the time after it."""
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -115,7 +127,9 @@ class SpeculationStats:
         and per-source counts summed; speculative, contended and fallback if any request was;
         the decode threads of the last. No parts: a plain request's zeros."""
         total = cls(speculative=False)
-        for part in parts:
+        for i, part in enumerate(parts):
+            if i == 0:
+                total.first_token_ms = part.first_token_ms
             total.speculative = total.speculative or part.speculative
             for key in COUNT_FIELDS:
                 setattr(total, key, getattr(total, key) + getattr(part, key))
@@ -140,8 +154,9 @@ class SpeculationStats:
         return (
             f"{mode}: {self.generated_tokens} tokens in {self.target_passes} passes "
             f"({self.tokens_per_pass:.2f} tokens/pass), drafted {self.drafted}, accepted "
-            f"{self.accepted} ({100 * self.acceptance_rate:.0f}%), {self.tokens_per_second:.1f} tok/s; "
-            f"prefill {self.prefill_ms:.0f} ms, verify {self.verify_ms:.0f} ms, "
+            f"{self.accepted} ({100 * self.acceptance_rate:.0f}%); first token {self.first_token_ms:.0f} ms, "
+            f"prefill {self.prefill_ms:.0f} ms ({self.prompt_tokens} prompt tokens), "
+            f"decode {self.decode_ms:.0f} ms ({self.tokens_per_second:.1f} tok/s): verify {self.verify_ms:.0f} ms, "
             f"propose {self.propose_ms:.1f} ms, sample {self.sample_ms:.1f} ms"
             + ("; decodes ran slow (another process on the cores): fewer threads for the rest" if self.contended
                else "")

@@ -33,3 +33,19 @@ def test_merge_sums_requests_and_keeps_the_last_decode_threads():
     assert m.speculative and m.contended and m.decode_threads == 2 and m.fallback is None
     assert SpeculationStats.merge([]) == SpeculationStats(speculative=False)
     assert (a.prompt_tokens, a.accept_histogram, a.by_source) == (10, {3: 1}, {0: [4, 3], 1: [4, 3]})  # untouched
+
+
+def test_decode_speed_leaves_out_the_prefill_and_its_first_pass():
+    s = SpeculationStats(generated_tokens=11, first_pass_tokens=1, prefill_ms=300.0, calibration_ms=50.0,
+                         total_ms=1350.0)
+    assert s.decode_ms == 1000.0 and s.decode_tokens == 10
+    assert s.tokens_per_second == 10.0
+    line = s.summary()
+    assert "prefill 300 ms" in line and "decode 1000 ms (10.0 tok/s)" in line
+
+
+def test_a_merge_keeps_the_first_parts_first_token_time():
+    a, b = _request(), _request()
+    a.first_token_ms, b.first_token_ms, a.first_pass_tokens, b.first_pass_tokens = 40.0, 70.0, 1, 2
+    m = SpeculationStats.merge([a, b])
+    assert m.first_token_ms == 40.0 and m.first_pass_tokens == 3
