@@ -30,7 +30,7 @@ import numpy as np
 from lookahead import cache
 from lookahead.api import Lookahead
 from lookahead.drafter import CostModel
-from lookahead.models import check_gguf, default_model_path
+from lookahead.models import resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     import llama_cpp
@@ -182,7 +182,8 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
 def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
          verbose: bool = False, speculate: bool = True, max_draft: int = 64, tree_width: int = 1,
          threads: int | str = "auto", **llama_kwargs: Any) -> Lookahead:
-    """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) and wrap it.
+    """Load a model and wrap it: a name (`lookahead.models.MODELS`: "qwen2.5-coder-1.5b",
+    "smollm2-135m"), a GGUF path, or None for $LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.
 
     `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
     `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
@@ -192,7 +193,7 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     """
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise ValueError(f"tree_width must be an integer in 1..{MAX_TREE_WIDTH}, got {tree_width!r}")
-    path = check_gguf(model_path if model_path is not None else default_model_path())
+    path = resolve(model_path)
     llama_cpp = _lib()
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:

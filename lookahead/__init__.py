@@ -5,18 +5,28 @@
     out = fast.create_completion(prompt, max_tokens=256, temperature=0)
     out["speculation"]                    # drafted, accepted, tokens per pass, timings
 
-    fast = lookahead.load()               # the embedded SmolLM2-135M-Instruct, or load(path)
+    fast = lookahead.load()               # qwen2.5-coder-1.5b, or load("smollm2-135m"), load(path)
 
 The core (index, drafter, sampling, verify, pipeline, engine, api) imports numpy only and
 works with any `lookahead.engine.Target`; the llama.cpp binding, and `wrap`/`load` that build
-on it, live in lookahead.adapters.llama_cpp (imported here, lazily importing llama_cpp).
+on it, live in lookahead.adapters.llama_cpp, imported when `wrap` or `load` is first used.
 """
+from typing import Any
+
 from .api import Lookahead
-from lookahead.adapters.llama_cpp import load, wrap
 from .drafter import CostModel, Drafter
 from .index import SuffixIndex
 from .sampling import SamplingParams
 from .stats import SpeculationStats
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """`lookahead.wrap` and `lookahead.load`: the llama.cpp adapter, imported on first use."""
+    if name in ("wrap", "load"):
+        from lookahead.adapters import llama_cpp
+
+        return getattr(llama_cpp, name)
+    raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
 __all__ = ["Lookahead", "wrap", "load", "SuffixIndex", "Drafter", "CostModel", "SamplingParams", "SpeculationStats"]

@@ -28,3 +28,16 @@ def test_every_package_folder_is_listed():
             sub = init.parent.relative_to(folder)
             dotted = ".".join([name, *sub.parts]) if sub.parts else name
             assert dotted in listed, f"{init.parent} is the package {dotted}, missing from pyproject.toml"
+
+
+def test_importing_lookahead_imports_no_backend():
+    import subprocess
+    import sys
+
+    code = ("import sys, lookahead, lookahead.index, lookahead.edit, lookahead.models; "
+            "print(sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith('lookahead.adapters')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    code = "import sys, lookahead; lookahead.wrap; print('lookahead.adapters.llama_cpp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"  # the adapter, on first use
