@@ -194,9 +194,11 @@ def test_count_tokens_reads_markup_as_text():
 # ---- the llama.cpp adapter ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def adapter(llm):
-    import lookahead
+    """A wrapper over the adapter's Target, as `lookahead.wrap` makes it, without the per-Llama
+    state `wrap` sets up (cost curve, prefix states) that other tests' wrappers share."""
+    from lookahead.adapters.llama_cpp import LlamaCppTarget
 
-    return lookahead.wrap(llm, calibrate=False, threads="keep")
+    return Lookahead(LlamaCppTarget(llm, threads="keep"), calibrate=False)
 
 
 @pytest.mark.model

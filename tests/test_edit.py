@@ -465,7 +465,7 @@ def _cli_with(model, monkeypatch, *args):
 
     import lookahead.cli.main as main
 
-    model.llm = type("Llm", (), {"model_path": "scripted.gguf"})()
+    model.model_path = "scripted.gguf"  # what the command reads of a wrapper
     monkeypatch.setattr(main, "load_wrapped", lambda *a, **k: model)
     return CliRunner().invoke(main.main, ["rewrite", *map(str, args)])
 
