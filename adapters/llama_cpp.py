@@ -200,19 +200,6 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     return wrap(llm, speculate=speculate, max_draft=max_draft, threads=threads)
 
 
-def llama_threads(llm: "llama_cpp.Llama") -> tuple[int, int]:
-    """The context's (one-token decode threads, batch threads) right now."""
-    lib = _lib()
-    return int(lib.llama_n_threads(llm._ctx.ctx)), int(lib.llama_n_threads_batch(llm._ctx.ctx))
-
-
-def sequence_ends(llm: "llama_cpp.Llama", seqs: Sequence[int]) -> list[int]:
-    """Highest KV position held by each sequence id (-1: the sequence is empty)."""
-    lib = _lib()
-    memory = lib.llama_get_memory(llm._ctx.ctx)
-    return [int(lib.llama_memory_seq_pos_max(memory, s)) for s in seqs]
-
-
 def clear_kv_cache(llm: "llama_cpp.Llama") -> None:
     """Empty the Llama's KV cache, its saved prefix states and prompt bookkeeping: its next
     request prefills everything."""
@@ -753,7 +740,6 @@ class PrefixStates:
 
         self.max_bytes = int(max_bytes)
         self._entries: "OrderedDict[tuple[int, ...], bytes]" = OrderedDict()
-        self.restored = 0  # times a saved state replaced a prefill (for tests and stats)
 
     @property
     def bytes(self) -> int:
@@ -794,7 +780,6 @@ class PrefixStates:
         if int(lib.llama_state_seq_set_data(ctx, buffer, len(data), 0)) <= 0:
             lib.llama_memory_clear(memory, True)
             return []
-        self.restored += 1
         return list(best)
 
     def clear(self) -> None:

@@ -21,10 +21,25 @@ import pytest
 import lookahead
 from conftest import SAMPLES, StepRecorder, skip_without_exact_batches
 from lookahead.adapters import health
-from lookahead.adapters.llama_cpp import clear_kv_cache, llama_threads, sequence_ends
+from lookahead.adapters.llama_cpp import clear_kv_cache
 
 NEAR_TIE_GAP = 1.0  # logits; batched-vs-single decode differences measured here stay below it
 _BATCH_ROWS_EXACT: list[bool] = []
+
+
+def llama_threads(llm) -> tuple[int, int]:
+    """The context's (one-token decode threads, batch threads) right now, read from llama.cpp."""
+    import llama_cpp
+
+    return int(llama_cpp.llama_n_threads(llm._ctx.ctx)), int(llama_cpp.llama_n_threads_batch(llm._ctx.ctx))
+
+
+def sequence_ends(llm, seqs) -> list[int]:
+    """Highest KV position held by each sequence id (-1: the sequence is empty), read from llama.cpp."""
+    import llama_cpp
+
+    memory = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    return [int(llama_cpp.llama_memory_seq_pos_max(memory, s)) for s in seqs]
 
 
 def batch_rows_exact(fast) -> bool:
