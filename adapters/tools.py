@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .llama_cpp import LlamaCppTarget, clear_kv_cache
-from .llama_cpp import _lib as lib
+from .llama_cpp.backend import lib
 
 if TYPE_CHECKING:  # pragma: no cover
     import llama_cpp
