@@ -260,23 +260,25 @@ def test_a_quiet_decode_is_carried_to_later_positions():
     assert quiet_decode_s({9: 0.015}, 3) == 0.015  # a later band's, as it is (lenient)
 
 
-def _watcher(n_past, fastest):
-    """The adapter's contention bookkeeping, on a stand-in target (no Llama)."""
+def _watcher(fastest):
+    """The adapter's contention bookkeeping, on a stand-in Llama (no llama.cpp)."""
     from collections import deque
     from types import SimpleNamespace
 
-    import lookahead.adapters.llama_cpp as adapter
+    from lookahead.adapters.llama_cpp import state_of
+    from lookahead.adapters.llama_cpp.threads import DecodeThreads
 
-    class FakeLlama:  # weakly referenced by the adapter's per-Llama tables
+    class FakeLlama:  # weakly referenced by the adapter's per-Llama state
         n_threads = 1
+        model_params = SimpleNamespace(n_gpu_layers=0)
 
     llm = FakeLlama()
-    adapter._FASTEST_DECODE[llm] = dict(fastest)
+    state_of(llm).fastest_decode = dict(fastest)
     switched = []
     lib = SimpleNamespace(llama_set_n_threads=lambda ctx, a, b: switched.append((a, b)))
-    return SimpleNamespace(llm=llm, n_past=n_past, contended=False, _llama_threads=(1, 2), _lib=lib, _ctx=None,
-                           _shares=deque(maxlen=adapter.CONTENTION_WINDOW),
-                           _walls=deque(maxlen=adapter.CONTENTION_WINDOW)), switched
+    watcher = DecodeThreads(llm, None, "auto", measurements=None, lib=lib)
+    watcher.own = (1, 2)  # inside a request
+    return watcher, switched
 
 
 @pytest.mark.parametrize("wall_ms, contended", [(13.0, False), (24.0, True)])
@@ -284,9 +286,9 @@ def test_contention_at_a_long_position_is_judged_against_that_position(wall_ms, 
     """At position 2,000 a quiet one-token decode takes about 2x the fastest one seen at 10
     (measured here: 1.9-2.0x). With the threads' CPU share low (it dips in quiet runs too),
     only a decode slower than a quiet one *there* is contention."""
-    from lookahead.adapters.llama_cpp import CONTENTION_WINDOW, LlamaCppTarget
+    from lookahead.adapters.llama_cpp import CONTENTION_WINDOW
 
-    target, switched = _watcher(2000, {0: 0.0065})
+    target, switched = _watcher({0: 0.0065})
     for _ in range(CONTENTION_WINDOW):
-        LlamaCppTarget._watch_contention(target, wall_ms / 1000, 0.7 * 2 * wall_ms / 1000, 2, 1)
+        target.watch(wall_ms / 1000, 0.7 * 2 * wall_ms / 1000, 2, 1, n_past=2000)
     assert target.contended is contended and bool(switched) is contended

@@ -399,7 +399,7 @@ def test_groups_report_decode_only_speedup_the_worst_workload_and_the_prefill_sh
 
 @pytest.mark.model
 def test_quantized_copies_are_made_once_and_scored_by_perplexity(model_path, tmp_path, monkeypatch):
-    from lookahead.adapters.llama_cpp import file_perplexity
+    from lookahead.adapters.tools import file_perplexity
     from lookahead.cli.bench.quant import quantized_model
 
     monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))

@@ -21,10 +21,25 @@ import pytest
 import lookahead
 from conftest import SAMPLES, StepRecorder, skip_without_exact_batches
 from lookahead.adapters import health
-from lookahead.adapters.llama_cpp import clear_kv_cache, llama_threads, sequence_ends
+from lookahead.adapters.llama_cpp import clear_kv_cache, state_of
 
 NEAR_TIE_GAP = 1.0  # logits; batched-vs-single decode differences measured here stay below it
 _BATCH_ROWS_EXACT: list[bool] = []
+
+
+def llama_threads(llm) -> tuple[int, int]:
+    """The context's (one-token decode threads, batch threads) right now, read from llama.cpp."""
+    import llama_cpp
+
+    return int(llama_cpp.llama_n_threads(llm._ctx.ctx)), int(llama_cpp.llama_n_threads_batch(llm._ctx.ctx))
+
+
+def sequence_ends(llm, seqs) -> list[int]:
+    """Highest KV position held by each sequence id (-1: the sequence is empty), read from llama.cpp."""
+    import llama_cpp
+
+    memory = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    return [int(llama_cpp.llama_memory_seq_pos_max(memory, s)) for s in seqs]
 
 
 def batch_rows_exact(fast) -> bool:
@@ -369,16 +384,17 @@ def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, m
     from types import SimpleNamespace
 
     import lookahead.adapters.llama_cpp as adapter
+    from lookahead.adapters.llama_cpp import target as target_module
 
     llm = one_thread_llm
-    adapter._CONTENDED_UNTIL.pop(llm, None)
+    state_of(llm).contended_until = 0.0
     reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
     # every decode seems to get one core's worth of CPU time, whatever its threads, and to be
     # far slower than the fastest one-token decode seen
-    monkeypatch.setitem(adapter._FASTEST_DECODE, llm, {band: 1e-6 for band in range(1024 // adapter.CONTENTION_BAND)})
-    monkeypatch.setattr(adapter, "time", SimpleNamespace(perf_counter=real_time.perf_counter,
-                                                         process_time=real_time.perf_counter,
-                                                         monotonic=real_time.monotonic))
+    monkeypatch.setattr(state_of(llm), "fastest_decode", {band: 1e-6 for band in range(1024 // adapter.CONTENTION_BAND)})
+    monkeypatch.setattr(target_module, "time", SimpleNamespace(perf_counter=real_time.perf_counter,
+                                                               process_time=real_time.perf_counter,
+                                                               monotonic=real_time.monotonic))
     fast = lookahead.wrap(llm, threads=2)
     out = fast.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
     assert out["speculation"]["contended"] and fast.target.contended
@@ -389,21 +405,22 @@ def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, m
     again = fast.create_completion(RAG_PROMPT, max_tokens=8, temperature=0, speculate=False)
     assert again["speculation"]["contended"]  # held for CONTENTION_HOLD_S
     assert again["speculation"]["decode_threads"] == 1
-    adapter._CONTENDED_UNTIL.pop(llm, None)
+    state_of(llm).contended_until = 0.0
 
 
 def test_a_stale_thread_choice_is_corrected_while_decoding(one_thread_llm, monkeypatch):
     """The cached choice says 2 threads, but here 2 threads are now slower (a neighbour on a
     core, made up by a sleep): the check while decoding moves to 1 thread, same text."""
     import lookahead.adapters.llama_cpp as adapter
+    from lookahead.adapters.llama_cpp import threads as threads_module
 
     llm = one_thread_llm
-    adapter._CONTENDED_UNTIL.pop(llm, None)
+    state_of(llm).contended_until = 0.0
     reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
-    monkeypatch.setitem(adapter._TUNED_THREADS, llm, 2)
+    monkeypatch.setattr(state_of(llm), "tuned_threads", 2)
     check = adapter.ThreadCheck(every=2)
-    monkeypatch.setitem(adapter._THREAD_CHECKS, llm, check)
-    monkeypatch.setattr(adapter, "CONTENTION_SLOWDOWN", float("inf"))  # this slowness is not contention
+    monkeypatch.setattr(state_of(llm), "thread_check", check)
+    monkeypatch.setattr(threads_module, "CONTENTION_SLOWDOWN", float("inf"))  # this slowness is not contention
     real_decode = adapter.LlamaCppTarget._decode
 
     def slower_with_two_threads(self):
@@ -415,7 +432,7 @@ def test_a_stale_thread_choice_is_corrected_while_decoding(one_thread_llm, monke
     fast = lookahead.wrap(llm)
     out = fast.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
     assert check.checks >= check.window
-    assert adapter._TUNED_THREADS[llm] == 1 and out["speculation"]["decode_threads"] == 1
+    assert state_of(llm).tuned_threads == 1 and out["speculation"]["decode_threads"] == 1
     assert out["choices"][0]["text"] == reference  # thread counts do not change the logits
     assert llama_threads(llm) == (1, 2)  # restored
 
@@ -424,9 +441,9 @@ def test_the_thread_check_leaves_a_fixed_thread_count_alone(one_thread_llm, monk
     import lookahead.adapters.llama_cpp as adapter
 
     llm = one_thread_llm
-    adapter._CONTENDED_UNTIL.pop(llm, None)
+    state_of(llm).contended_until = 0.0
     check = adapter.ThreadCheck(every=1)
-    monkeypatch.setitem(adapter._THREAD_CHECKS, llm, check)
+    monkeypatch.setattr(state_of(llm), "thread_check", check)
     out = lookahead.wrap(llm, threads=2).create_completion(RAG_PROMPT, max_tokens=20, temperature=0,
                                                            speculate=False)
     assert check.checks == 0 and out["speculation"]["decode_threads"] == 2

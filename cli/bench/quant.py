@@ -20,7 +20,7 @@ PERPLEXITY_TOKENS = 4096  # of the workloads' texts, scored in 512-token windows
 
 def quantized_model(source: Path, fmt: str, log: Callable[[str], None]) -> Path:
     """`source` re-quantized to `fmt`, made once and kept in lookahead's cache folder."""
-    from lookahead.adapters.llama_cpp import quantize_model
+    from lookahead.adapters.tools import quantize_model
 
     folder = cache.cache_dir() / "models"
     folder.mkdir(parents=True, exist_ok=True)
@@ -46,7 +46,7 @@ def workload_text(workloads: Sequence[dict]) -> str:
 def compare_formats(results: Sequence[Any], llama: dict[str, Any], workloads: Sequence[dict],
                     log: Callable[[str], None]) -> list[dict]:
     """One row per model: file size, verify-cost curve, perplexity, identical outputs, speedups."""
-    from lookahead.adapters.llama_cpp import file_perplexity
+    from lookahead.adapters.tools import file_perplexity
 
     text = workload_text(workloads)
     first_plain = _plain_texts(results[0].runs)

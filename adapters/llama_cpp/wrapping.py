@@ -1,0 +1,102 @@
+"""Setting a `llama_cpp.Llama` up for lookahead: `wrap` an existing one, `load` a GGUF file,
+`enable_tree_drafts` on a Llama's context."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from lookahead.api import Lookahead
+from lookahead.drafter import CostModel
+from lookahead.models import resolve
+
+from .backend import lib
+from .prefix_states import PrefixStates
+from .state import state_of
+from .target import MAX_TREE_WIDTH, LlamaCppTarget
+
+if TYPE_CHECKING:  # pragma: no cover
+    import llama_cpp
+
+
+def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, calibrate: bool = True,
+         threads: int | str = "auto", observer=None, prefix_cache_mb: float = 256) -> Lookahead:
+    """Wrap an existing `llama_cpp.Llama`: same completion API, exact speculative decoding.
+
+    `prefix_cache_mb`: memory for saved KV states of recent prompt prefixes (see
+    `PrefixStates`): a document sent again after another one skips its prefill. 0: off.
+
+    `threads`: threads of one-token decodes. "auto" times the Llama's `n_threads` against its
+    `n_threads_batch` once and keeps the faster (llama-cpp-python's default is half the CPUs,
+    slow where they are not SMT siblings); "keep" uses the Llama's own; an int that many.
+    Outputs do not depend on it; the Llama's settings are restored after each request.
+    """
+    if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
+        raise ValueError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+    target = LlamaCppTarget(llm, threads=threads)
+    state = state_of(llm)
+    if prefix_cache_mb > 0:
+        if state.prefix_states is None:
+            state.prefix_states = PrefixStates(int(prefix_cache_mb * 2**20))
+        else:
+            state.prefix_states.max_bytes = int(prefix_cache_mb * 2**20)
+    else:
+        state.prefix_states = None
+    cost = state.cost
+    if cost is None or cost.max_batch != target.max_batch:
+        # The curve measured for this model, build and machine in an earlier process: no
+        # calibration in the first request. It is on probation: if the first real decodes
+        # disagree with it by more than 1.5x (another load, another machine), it is dropped
+        # and measured again (CostModel.from_dict).
+        known = target.measurements.known()
+        try:
+            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": known["verify_ms"]})
+        except (KeyError, ValueError):
+            cost = CostModel(max_batch=target.max_batch)
+        if known.get("decode_threads") and threads == "auto" and state.tuned_threads is None:
+            state.tuned_threads = int(known["decode_threads"])
+        state.cost = cost
+    return Lookahead(target, speculate=speculate, max_draft=max_draft, calibrate=calibrate, cost=cost,
+                     observer=observer)
+
+
+def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
+         verbose: bool = False, speculate: bool = True, max_draft: int = 64, tree_width: int = 1,
+         threads: int | str = "auto", **llama_kwargs: Any) -> Lookahead:
+    """Load a model and wrap it: a name (`lookahead.models.MODELS`: "qwen2.5-coder-1.5b",
+    "smollm2-135m"), a GGUF path, or None for $LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.
+
+    `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
+    `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
+    so that drafts may branch where the index's occurrences disagree (each decode verifies
+    up to `tree_width` branches; the cost model decides when a wider batch pays). A plain
+    `llama_cpp.Llama` has one sequence: `wrap` then drafts chains only.
+    """
+    if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise ValueError(f"tree_width must be an integer in 1..{MAX_TREE_WIDTH}, got {tree_width!r}")
+    path = resolve(model_path)
+    llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
+    if tree_width > 1:
+        enable_tree_drafts(llm, tree_width)
+    return wrap(llm, speculate=speculate, max_draft=max_draft, threads=threads)
+
+
+def enable_tree_drafts(llm: "llama_cpp.Llama", width: int = 4) -> "llama_cpp.Llama":
+    """Give `llm` a context with `width` sequences over one unified KV cache, for tree drafts.
+
+    llama-cpp-python builds its context with a single sequence, so one decode cannot hold
+    several branches. This replaces the context (same parameters otherwise; the KV cache
+    starts empty) and returns the Llama. Call it before `lookahead.wrap(llm)`. Plain calls
+    keep working: they use sequence 0, like before.
+    """
+    from llama_cpp import _internals
+
+    if not 2 <= width <= MAX_TREE_WIDTH:
+        raise ValueError(f"width must be in 2..{MAX_TREE_WIDTH}, got {width}")
+    params = llm.context_params
+    params.n_seq_max = int(width)
+    params.kv_unified = True
+    old = llm._ctx
+    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)
+    old.close()
+    llm.n_tokens = 0
+    return llm
