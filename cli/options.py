@@ -16,8 +16,8 @@ THREADS_HELP = ("CPU threads for llama.cpp (one-token and batch decodes). Defaul
 EXACT_HELP = ("Batched decodes compute exactly what one-token decodes would, so greedy output with "
               "speculation is plain decoding's, token for token (llama.cpp leaves attention's products "
               "to its one-token kernels: prefill and long drafts cost a fifth more here). Needs the set-up's "
-              "patched llama.cpp, flash attention off, and Q4_1 or Q8_0 weights (such as the embedded model's; "
-              "`lookahead doctor` tells); sets LOOKAHEAD_EXACT_BATCHES. Default: that variable's value (off).")
+              "patched llama.cpp, flash attention off, and Q4_1 or Q8_0 weights (smollm2-135m's, not the "
+              "default model's Q4_K_M; `lookahead doctor` tells); sets LOOKAHEAD_EXACT_BATCHES. Default: that variable's value (off).")
 
 
 def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
