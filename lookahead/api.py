@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
@@ -344,26 +344,5 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def _model_file(target: Any) -> ModelFileTarget | None:
-    """The target's `ModelFileTarget` members, or None. A target that does not declare them but
-    drives a `llama_cpp.Llama` at `.llm` (LlamaCppTarget until the adapter declares them) gets
-    them from the Llama."""
-    if isinstance(target, ModelFileTarget):
-        return target
-    llm = getattr(target, "llm", None)
-    return _LlamaFile(llm) if llm is not None and hasattr(llm, "model_path") else None
-
-
-class _LlamaFile:
-    """`ModelFileTarget` over a `llama_cpp.Llama`: its file, its template, its prompt cache."""
-
-    def __init__(self, llm: Any):
-        self.llm = llm
-        self.model_path = str(llm.model_path)
-        self.has_chat_template = bool(llm.metadata.get("tokenizer.chat_template"))
-
-    @contextmanager
-    def prompt_cache_off(self) -> Iterator[None]:
-        from lookahead.adapters.llama_cpp import prompt_cache_off
-
-        with prompt_cache_off(self.llm):
-            yield
+    """The target's `ModelFileTarget` members, or None for a backend without a model file."""
+    return target if isinstance(target, ModelFileTarget) else None

@@ -211,8 +211,6 @@ def test_the_llama_cpp_target_satisfies(adapter, protocol):
 
 
 @pytest.mark.model
-@pytest.mark.xfail(strict=True, reason="LlamaCppTarget does not declare model_path, has_chat_template and "
-                                       "prompt_cache_off yet: the wrapper reads them from its Llama (api._LlamaFile)")
 def test_the_llama_cpp_target_declares_the_model_file_members(adapter):
     assert_satisfies(adapter.target, ModelFileTarget)
 

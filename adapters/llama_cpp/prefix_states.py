@@ -7,21 +7,13 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from lookahead.sequences import agreeing_prefix
+
 from .backend import lib
 from .state import state_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import llama_cpp
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class PrefixStates:
@@ -65,7 +57,7 @@ class PrefixStates:
         by MIN_TOKENS; returns the tokens it holds, or None (the cache is left as it was)."""
         best, best_len = None, better_than + self.MIN_TOKENS - 1
         for key in self._entries:
-            n = common_prefix(key, prompt)
+            n = agreeing_prefix(key, prompt)
             if n > best_len:
                 best, best_len = key, n
         if best is None:

@@ -3,13 +3,15 @@ llama-cpp-python's low-level API (prefill, decode, tree decode, rollback, calibr
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
+from lookahead.sequences import agreeing_prefix
+
 from .backend import lib
 from .chat import chat_completion
-from .prefix_states import PrefixStates, common_prefix
+from .prefix_states import PrefixStates, prompt_cache_off
 from .state import Measurements, state_of
 from .threads import DecodeThreads
 
@@ -75,6 +77,19 @@ class LlamaCppTarget:
     @property
     def model_name(self) -> str:
         return str(getattr(self.llm, "model_path", ""))
+
+    @property
+    def model_path(self) -> str:
+        return str(self.llm.model_path)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.llm.metadata.get("tokenizer.chat_template"))
+
+    def prompt_cache_off(self) -> ContextManager[None]:
+        """A block whose requests start from an empty KV cache and neither use nor fill the
+        saved prompt prefixes (the whole prefill is paid, for timing)."""
+        return prompt_cache_off(self.llm)
 
     @property
     def penalty_last_n(self) -> int:
@@ -144,7 +159,7 @@ class LlamaCppTarget:
         prompt = list(prompt)
         self._threads.begin()  # the Llama's own settings are restored by `end`
         cached = llm._input_ids[: llm.n_tokens].tolist() if llm.n_tokens > 0 else []
-        keep = common_prefix(cached, prompt[:-1])  # always decode the last prompt token again
+        keep = agreeing_prefix(cached, prompt[:-1])  # always decode the last prompt token again
         self._drop_branches()  # of an interrupted tree draft
         states = state_of(llm).prefix_states
         if states is not None:
@@ -154,7 +169,7 @@ class LlamaCppTarget:
                 states.save(self._ctx, cached)
             restored = states.restore_best(self._ctx, self._memory, prompt[:-1], better_than=keep)
             if restored is not None:
-                cached, keep = restored, common_prefix(restored, prompt[:-1])
+                cached, keep = restored, agreeing_prefix(restored, prompt[:-1])
         # seq -1: every sequence; nothing of another request survives past `keep`.
         if not self._lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             self._lib.llama_memory_clear(self._memory, True)
