@@ -84,6 +84,7 @@ class ContendedTarget(Protocol):
     """Optional: a backend that notices when another process holds the cores."""
 
     contended: bool  # True while decodes run differently for that: the cost curve learns nothing
+    batch_cost_factor: float  # batches of 2+ tokens cost this times the curve's figure, right now
 
 
 @runtime_checkable
@@ -225,8 +226,8 @@ def generate_tokens(
             cost = getattr(drafter, "cost", None)
             if watched is not None and watched.contended and not stats.contended:
                 stats.contended = True  # timings under another setting: the curve learns nothing
-                if drafter is not None:
-                    drafter.contended = True
+            if watched is not None and drafter is not None and hasattr(drafter, "batch_cost_factor"):
+                drafter.batch_cost_factor = watched.batch_cost_factor
             if drafter is not None:
                 drafter.record(draft, verdict.accepted, verdict.path)
                 if cost is not None and len(pending) == 1 and not stats.contended:

@@ -803,22 +803,20 @@ def test_draft_names_the_source_it_copies_from():
 
 
 def test_a_contended_drafter_prices_batches_higher():
-    from lookahead.drafter import CONTENDED_BATCH_FACTOR
-
     cost = CostModel(max_batch=16)
     for n, ms in {1: 8.0, 2: 12.0, 8: 27.0, 16: 45.0}.items():
         cost.observe(n, ms)
     drafter = Drafter(cost)
     assert np.array_equal(drafter._curve(), cost.curve())
-    drafter.contended = True
+    drafter.batch_cost_factor = 1.4  # the llama.cpp adapter's, while contended
     assert drafter._curve()[1] == cost.curve()[1]
-    assert drafter._curve()[8] == pytest.approx(27.0 * CONTENDED_BATCH_FACTOR)
+    assert drafter._curve()[8] == pytest.approx(27.0 * 1.4)
     # a draft worth it on the quiet curve is declined on the contended one
     confidences = np.full(8, 0.8)
     assert best_length(confidences, cost.curve(), 1.1)[0] > 0
     assert best_length(confidences, drafter._curve(), 1.1)[0] == 0
     drafter.reset()
-    assert not drafter.contended
+    assert drafter.batch_cost_factor == 1.0
 
 
 # --- rejoining a source after an edit point, and learned substitutions ------------------------

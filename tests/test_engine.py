@@ -285,6 +285,10 @@ class ContendedTarget(FakeTarget):
     def contended(self):
         return self.n_decodes >= self.at
 
+    @property
+    def batch_cost_factor(self):
+        return 1.4 if self.contended else 1.0
+
     def decode(self, tokens, n_logits):
         self.n_decodes += 1
         return super().decode(tokens, n_logits)
@@ -299,6 +303,22 @@ def test_timings_taken_under_contention_do_not_teach_the_cost_curve():
     assert list(gen) == plain_greedy(target, PROMPT, 20)
     assert stats.contended
     assert cost.observations - before == 3  # decodes 2-4: the 1st carries the prompt's last chunk, the 5th is contended
+
+
+def test_the_targets_batch_cost_factor_reaches_the_drafter():
+    target = ContendedTarget(at=5)
+    drafter = Drafter(flat_cost_model(target.max_batch), max_draft=0)  # one pass a token: 20 passes
+    seen = []
+    original = drafter.propose
+
+    def propose(index, limit, tree=True):
+        seen.append(drafter.batch_cost_factor)
+        return original(index, limit, tree)
+
+    drafter.propose = propose
+    gen, _ = run(target, n=20, drafter=drafter)
+    list(gen)
+    assert seen[0] == 1.0 and seen[-1] == 1.4
 
 
 def test_the_first_pass_decodes_the_prompts_last_chunk_and_counts_as_prefill(monkeypatch):

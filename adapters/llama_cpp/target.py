@@ -13,7 +13,7 @@ from .backend import lib
 from .chat import chat_completion
 from .prefix_states import PrefixStates, prompt_cache_off
 from .state import Measurements, state_of
-from .threads import DecodeThreads
+from .threads import CONTENDED_BATCH_FACTOR, DecodeThreads
 
 if TYPE_CHECKING:  # pragma: no cover
     import llama_cpp
@@ -108,6 +108,11 @@ class LlamaCppTarget:
     def contended(self) -> bool:
         """Another process holds the cores: decodes run with the Llama's own thread count."""
         return self._threads.contended
+
+    @property
+    def batch_cost_factor(self) -> float:
+        """How much dearer a batch is than the cost curve says: > 1 while contended."""
+        return CONTENDED_BATCH_FACTOR if self._threads.contended else 1.0
 
     @property
     def decode_threads(self) -> int:

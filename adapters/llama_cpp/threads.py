@@ -21,6 +21,10 @@ from .state import Measurements, state_of
 # Contention (see DecodeThreads.watch): decodes whose threads got under this share of their
 # cores, over this many decodes, mean another process wants them; the Llama's own thread count
 # is then kept this long.
+# How much dearer a batch is, against one token, when the backend decodes with half the cores
+# the curve was measured with (another process took the rest): on 2 cores t(8) / t(1) is
+# 41 / 8.0 ms with 1 thread against 27 / 7.3 with 2, a factor of 1.4.
+CONTENDED_BATCH_FACTOR = 1.4
 CONTENTION_SHARE = 0.85
 CONTENTION_WINDOW = 12
 CONTENTION_HOLD_S = 30.0

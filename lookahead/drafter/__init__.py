@@ -41,13 +41,13 @@ at call time from their own modules, so a patch (a test's) goes there:
 exported here, so that patching them on the package fails instead of silently missing.
 """
 from .acceptance import AcceptanceModel
-from .cost import CONTENDED_BATCH_FACTOR, CURVE_TOLERANCE, SCALE_TOLERANCE, CostModel
+from .cost import CURVE_TOLERANCE, SCALE_TOLERANCE, CostModel
 from .draft import EMPTY_DRAFT, Candidate, Draft
 from .policy import Drafter, best_length
 from .priors import CONTEXT_KIND, KIND_NAMES, N_KINDS, REFERENCE_KIND, REJOIN_KIND
 
 __all__ = [
-    "AcceptanceModel", "CONTENDED_BATCH_FACTOR", "CURVE_TOLERANCE", "SCALE_TOLERANCE", "CostModel",
+    "AcceptanceModel", "CURVE_TOLERANCE", "SCALE_TOLERANCE", "CostModel",
     "EMPTY_DRAFT", "Candidate", "Draft", "Drafter", "best_length",
     "CONTEXT_KIND", "KIND_NAMES", "N_KINDS", "REFERENCE_KIND", "REJOIN_KIND",
 ]

@@ -14,10 +14,6 @@ CURVE_TOLERANCE = 0.01
 # ... and the scale (t(1) now) when it drifts by more than this share: it moves with the
 # position at every step, and only the shape changes what gets drafted.
 SCALE_TOLERANCE = 0.05
-# How much dearer a batch is, against one token, when the backend decodes with half the cores
-# the curve was measured with (another process took the rest): on 2 cores t(8) / t(1) is
-# 41 / 8.0 ms with 1 thread against 27 / 7.3 with 2, a factor of 1.4.
-CONTENDED_BATCH_FACTOR = 1.4
 
 
 class CostModel:

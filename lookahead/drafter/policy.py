@@ -13,7 +13,7 @@ import numpy as np
 from ..index import CONTEXT, Match, SuffixIndex
 from ..sequences import agreeing_prefix
 from .acceptance import AcceptanceModel
-from .cost import CONTENDED_BATCH_FACTOR, CostModel
+from .cost import CostModel
 from .draft import EMPTY_DRAFT, Candidate, Draft
 from .follow import _follow_majority
 from .priors import CONTEXT_KIND
@@ -84,16 +84,19 @@ class Drafter(Rejoining):
         self.acceptance = AcceptanceModel(sampled=self.sampled)
         self._pending: _Pending | None = None
         self._reset_rejoin()
-        # Set by the engine when the backend runs decodes with fewer threads than the curve was
-        # measured with (another process took the cores): batches then cost more per token.
-        self.contended = False
+        # How much dearer a batch of 2+ tokens is, against one token, than the cost curve says,
+        # right now: the backend's figure (llama.cpp: > 1 while another process holds the cores
+        # and decodes run with fewer threads than the curve was measured with), which the
+        # engine passes on at every step.
+        self.batch_cost_factor = 1.0
 
     def _curve(self) -> np.ndarray:
-        """The cost curve drafts are sized by: the measured one, batches dearer when contended."""
+        """The cost curve drafts are sized by: the measured one, batches scaled by the backend's
+        current batch cost factor."""
         curve = self.cost.curve()
-        if self.contended:
+        if self.batch_cost_factor != 1.0:
             curve = curve.copy()
-            curve[2:] *= CONTENDED_BATCH_FACTOR
+            curve[2:] *= self.batch_cost_factor
         return curve
 
     # ---- proposing -------------------------------------------------------------------
