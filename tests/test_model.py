@@ -31,14 +31,14 @@ def llama_threads(llm) -> tuple[int, int]:
     """The context's (one-token decode threads, batch threads) right now, read from llama.cpp."""
     import llama_cpp
 
-    return int(llama_cpp.llama_n_threads(llm._ctx.ctx)), int(llama_cpp.llama_n_threads_batch(llm._ctx.ctx))
+    return int(llama_cpp.llama_n_threads(llm.ctx)), int(llama_cpp.llama_n_threads_batch(llm.ctx))
 
 
 def sequence_ends(llm, seqs) -> list[int]:
     """Highest KV position held by each sequence id (-1: the sequence is empty), read from llama.cpp."""
     import llama_cpp
 
-    memory = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    memory = llama_cpp.llama_get_memory(llm.ctx)
     return [int(llama_cpp.llama_memory_seq_pos_max(memory, s)) for s in seqs]
 
 
