@@ -25,6 +25,8 @@ from typing import Any
 
 from lookahead import cache
 
+from . import exact
+
 PROBE_SIZES = (1, 8, 64)
 CACHE_KIND = "backend-health"
 
@@ -75,23 +77,22 @@ def library_path() -> Path:
 
 # lookahead's patches to llama.cpp (adapters/patches, applied by scripts/setup.sh), each known
 # by a name its code leaves in the CPU library's symbol table.
-Q4_1_KERNEL = "Q4_1 batch kernel"  # also what LOOKAHEAD_EXACT_BATCHES needs
-PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2"}
+Q4_1_KERNEL = "Q4_1 batch kernel"  # also leaves attention to the one-token kernels in exact mode
+K_QUANT_EXACT = "exact K-quant batches"  # Q4_K, Q5_K, Q6_K rows independent of the batch
+PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_small_window"}
+EXACT_PATCHES = (Q4_1_KERNEL, K_QUANT_EXACT)  # what exact batches need (lookahead.adapters.exact)
 
-
-# Read by the patched llama.cpp once per process, at its first batched product: "1" keeps
-# only the batch kernels that equal the one-token products bit for bit (Q4_1, Q8_0) and leaves
-# the rest (attention) to the one-token kernels, so batched rows equal one-token rows.
-EXACT_BATCHES_ENV = "LOOKAHEAD_EXACT_BATCHES"
+EXACT_BATCHES_ENV = exact.ENV
 
 
 def exact_batches_requested() -> bool:
-    return os.environ.get(EXACT_BATCHES_ENV, "") not in ("", "0")
+    return exact.requested()
 
 
 def exact_batches_available() -> bool:
-    """Whether this build can run exact batches: it holds lookahead's Q4_1 kernel patch."""
-    return Q4_1_KERNEL in build_patches()
+    """Whether this build can run exact batches: it holds lookahead's patches."""
+    patches = build_patches()
+    return all(p in patches for p in EXACT_PATCHES)
 
 
 def build_patches(lib: Path | None = None) -> list[str]:

@@ -9,7 +9,8 @@
 # compiler, so a wheel built with other flags is never reused. Your own CMAKE_ARGS are
 # appended (they win), e.g. CMAKE_ARGS="-DGGML_CUDA=on" or "-DGGML_NATIVE=ON" for a native
 # build with AMX where it works. The source gets lookahead's patches to llama.cpp first
-# (adapters/patches: a batch kernel for Q4_1 weights, which verification is made of);
+# (adapters/patches: a batch kernel for Q4_1 weights, and the exact mode that makes batched
+# rows equal one-token rows, K-quants included);
 # LOOKAHEAD_NO_PATCHES=1 builds the stock source. Safe to run again: it only rebuilds when the
 # key (which covers the patches) changes.
 set -euo pipefail

@@ -1,13 +1,13 @@
 """Weight products in the installed llama.cpp, called through ggml's C API (ctypes).
 
-scripts/setup.sh patches llama.cpp with a batch kernel for Q4_1 weights
-(adapters/patches/ggml-q4_1-batch-kernel.patch). Its contract: every element of a batched
-product equals the one-column product bit for bit, and both are the true product of the
-quantized weights. These tests hold any build to that contract (a stock build meets it with
-its one-dot-product-per-column path), so a wrong or reordered kernel fails here; and they check
-that the set-up did compile the kernel in where it applies. Q8_0 is held to the same: the
-patch's exact mode (LOOKAHEAD_EXACT_BATCHES=1) keeps llamafile's Q8_0 kernel (the embedded
-model's output layer) because its results equal the one-token products.
+scripts/setup.sh patches llama.cpp (adapters/patches): a batch kernel for Q4_1 weights, and an
+exact mode (LOOKAHEAD_EXACT_BATCHES=1, lookahead's default) in which K-quant products (Q4_K,
+Q5_K, Q6_K) of any batch size give each column exactly what that column alone would. The
+contract: every element of a batched product equals the one-column product bit for bit, and
+both are the true product of the quantized weights. These tests hold the build to it, so a
+wrong or reordered kernel fails here, and check that the set-up compiled the patches in. Q8_0
+is held to the same: the exact mode keeps llamafile's Q8_0 kernel because its results equal
+the one-token products.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: in
     """(quantized weight bytes, W·X for all columns at once, W·x for each column alone)."""
     base, cpu = ggml
     m, k = weights.shape
-    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    ctx = base.ggml_init(_InitParams(256 << 20, None, False))
     assert ctx, "ggml_init failed"
     try:
         w = base.ggml_new_tensor_2d(ctx, wtype, k, m)
@@ -120,6 +120,51 @@ def test_batched_products_equal_one_column_products(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
+class _TypeTraits(ctypes.Structure):
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+def _dequantize_with_ggml(ggml, wtype: int, raw: bytes, m: int, k: int) -> np.ndarray:
+    """ggml's own reference dequantization of `raw` (m rows of k values of type `wtype`)."""
+    base, _ = ggml
+    base.ggml_get_type_traits.argtypes, base.ggml_get_type_traits.restype = [ctypes.c_int], ctypes.POINTER(_TypeTraits)
+    to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+        base.ggml_get_type_traits(wtype).contents.to_float)
+    out = np.empty(m * k, dtype=np.float32)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    to_float(ctypes.addressof(buf), out.ctypes.data, m * k)
+    return out.reshape(m, k).astype(np.float64)
+
+
+GGML_K_QUANTS = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+
+# Shapes: Qwen2.5-Coder-1.5B's (1536 wide; 8960 in the MLP: more blocks per row than the small-
+# batch kernel takes at once), and rows that are no multiple of 8. Batches of 1 to 11 columns
+# take lookahead's small-batch kernel, 12 and more ggml's tiled one: every column must come out
+# the same either way, with 1 or 2 threads.
+@pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
+@pytest.mark.parametrize("m,k", [(1536, 1536), (64, 8960), (578, 512), (3, 256)])
+def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
+    if not health.exact_batches_requested():
+        pytest.skip(f"{health.EXACT_BATCHES_ENV}=0: llama.cpp's stock K-quant kernels are not exact")
+    if health.K_QUANT_EXACT not in health.build_patches():
+        pytest.skip("this build lacks lookahead's K-quant patch (scripts/setup.sh applies it)")
+    rng = np.random.default_rng(m * 11 + k + wtype)
+    weights = rng.normal(0.01, 0.05, size=(m, k))
+    for n in (1, 2, 3, 7, 8, 11, 12, 16, 17, 64):
+        xs = rng.normal(0, 1, size=(n, k))
+        for threads in (1, 2):
+            raw, batched, single = _products(ggml, wtype, weights, xs, threads=threads)
+            differ = np.flatnonzero((batched != single).any(axis=1))
+            assert differ.size == 0, f"m={m} k={k} n={n} threads={threads}: columns {differ.tolist()} differ"
+        exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
+        scale = np.abs(exact).max()
+        assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
+
+
 def test_setup_compiled_in_the_q4_1_batch_kernel():
     """scripts/setup.sh applies adapters/patches; on x86 with AVX2 and llamafile's kernels
     (llama.cpp's default) the Q4_1 kernel must be in the CPU library."""
@@ -128,13 +173,15 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if info.get("AVX2") != "1" or info.get("LLAMAFILE") != "1":
         pytest.skip("the kernel is for x86 with AVX2, in llamafile's sgemm (not in this build)")
-    assert health.Q4_1_KERNEL in health.build_patches(), (
+    assert all(p in health.build_patches() for p in health.EXACT_PATCHES), (
         "llama-cpp-python was not built by scripts/setup.sh with adapters/patches applied")
 
 
 def test_build_patches_reads_the_marker(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.Q4_1_KERNEL] + b"...")
     assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL]
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + b"..".join(health.PATCH_MARKERS.values()))
+    assert health.build_patches(tmp_path) == list(health.PATCH_MARKERS)
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")
     assert health.build_patches(tmp_path) == []
     assert health.build_patches(tmp_path / "missing") == []
