@@ -30,7 +30,8 @@ def doctor(model_path, context_tokens, as_json):
     much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where
     they differ, greedy output with speculation can part from plain decoding's at a near-tie,
-    and on the set-up's build it runs the check again with LOOKAHEAD_EXACT_BATCHES=1 (--exact).
+    and on the set-up's build it runs the check in the other mode too (exact batches on, the
+    default, or off), so both curves and both answers are side by side.
     The decodes run in a child process: a build
     that crashes on this CPU (e.g. AMX compiled in on a VM that faults on it) is reported with
     its cause and fix instead of killing lookahead. Exit code 1 when batched decodes fail.
@@ -42,11 +43,12 @@ def doctor(model_path, context_tokens, as_json):
     flags = health.cpu_flags()
     result = health.probe(path, context_tokens=context_tokens)
     patches = health.build_patches()
-    exact = None
-    if (result.ok and result.parity and result.parity["identical"] < result.parity["rows"]
-            and health.Q4_1_KERNEL in patches and not health.exact_batches_requested()):
-        # This build can make its batched rows exact at run time: show what that gives and costs.
-        exact = health.probe(path, context_tokens=context_tokens, extra_env={health.EXACT_BATCHES_ENV: "1"})
+    exact_on = health.exact_batches_requested()
+    other = None
+    if result.ok and health.exact_batches_available():
+        # The other mode, for comparison: what exactness costs or what it gives.
+        other = health.probe(path, context_tokens=context_tokens,
+                             extra_env={health.EXACT_BATCHES_ENV: "0" if exact_on else "1"})
     report = {
         "lookahead": dist_version("lookahead"),
         "llama_cpp_python": dist_version("llama-cpp-python"),
@@ -54,8 +56,7 @@ def doctor(model_path, context_tokens, as_json):
         "compiled_features": {k: v for k, v in info.items()},
         "gpu_offload": health.gpu_offload(),
         "patches": patches,
-        "exact_batches": {"requested": health.exact_batches_requested(),
-                          "check": exact.to_dict() if exact is not None else None},
+        "exact_batches": {"requested": exact_on, "other_mode": other.to_dict() if other is not None else None},
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
@@ -64,7 +65,7 @@ def doctor(model_path, context_tokens, as_json):
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
-        _print(report, result, exact)
+        _print(report, result, other)
     if not result.ok:
         raise SystemExit(1)
 
@@ -73,7 +74,7 @@ def _timings(t: dict) -> str:
     return ", ".join(f"t({n}) {t[n]:.1f} ms" for n in ("1", "8", "64") if n in t)
 
 
-def _print(report: dict, result, exact=None) -> None:
+def _print(report: dict, result, other=None) -> None:
     from lookahead.adapters import health
 
     echo = click.echo
@@ -102,28 +103,26 @@ def _print(report: dict, result, exact=None) -> None:
         curve = _timings(t)
         ratio = f"; t(64)/t(1) = {t['64'] / t['1']:.1f}" if "1" in t and "64" in t and t["1"] > 0 else ""
         echo(f"batched decodes: OK. {curve}{ratio}")
+        exact_on = report["exact_batches"]["requested"]
+        mode = "exact mode" if exact_on else "exact mode off (--no-exact)"
         parity = result.parity
         if parity:
             if parity["identical"] == parity["rows"]:
-                how = " (LOOKAHEAD_EXACT_BATCHES=1)" if report["exact_batches"]["requested"] else ""
-                echo(f"  batched rows = one-token rows: yes ({parity['rows']} of {parity['rows']} bit for bit)"
-                     f"{how}: greedy output with speculation is plain decoding's, token for token")
+                echo(f"  batched rows = one-token rows: yes, {parity['rows']} of {parity['rows']} bit for bit ({mode}): "
+                     "greedy output with speculation is plain decoding's, token for token")
             else:
-                echo(f"  batched rows = one-token rows: {parity['identical']} of {parity['rows']} "
-                     f"(largest logit difference {parity['max_logit_diff']:.3g}): greedy output can part from "
-                     "plain decoding's at a near-tie (see the README: exact greedy parity)")
-                if exact is not None and exact.ok and exact.parity:
-                    p = exact.parity
-                    why = ("" if p["identical"] == p["rows"] else ": not exact for this model's weights (formats "
-                           "llama.cpp repacks, such as Q4_0 and Q4_K, batch with other kernels)")
-                    echo(f"  with LOOKAHEAD_EXACT_BATCHES=1: {p['identical']} of {p['rows']} bit for bit; "
-                         f"{_timings(exact.timings_ms)}{why}")
-                elif report["exact_batches"]["requested"]:
-                    echo("  LOOKAHEAD_EXACT_BATCHES=1 is set, yet they differ: the build lacks lookahead's "
-                         "patch, or the model's weights use a repacked batch kernel (e.g. Q4_0)")
+                echo(f"  batched rows = one-token rows: {parity['identical']} of {parity['rows']} ({mode}; largest "
+                     f"logit difference {parity['max_logit_diff']:.3g}): greedy output can part from plain "
+                     "decoding's at a near-tie")
+                if exact_on:
+                    echo("  exact mode is on, yet they differ: this CPU or build is not one the exact kernels "
+                         "cover (x86 with AVX2, FMA and F16C, scripts/setup.sh's build)")
                 elif health.Q4_1_KERNEL not in report["patches"]:
-                    echo("  with lookahead's patch (scripts/setup.sh's build), LOOKAHEAD_EXACT_BATCHES=1 makes "
-                         "them identical; so does a -DGGML_LLAMAFILE=OFF build, slower")
+                    echo("  scripts/setup.sh's build makes them identical (its exact mode, on by default)")
+        if other is not None and other.ok and other.parity:
+            p = other.parity
+            label = "with --no-exact (llama.cpp's stock kernels)" if exact_on else "in exact mode (--exact)"
+            echo(f"  {label}: {p['identical']} of {p['rows']} rows bit for bit; {_timings(other.timings_ms)}")
     else:
         echo("batched decodes: FAILED")
         echo(result.cause)

@@ -106,9 +106,9 @@ def main() -> None:
     A suffix index over the prompt, the output so far and any reference text proposes the
     tokens that followed the current suffix before; the model checks the whole guess in one
     pass and keeps exactly what its own sampling would have produced: output is distributed as
-    plain decoding's, and only the speed changes. At temperature 0 llama.cpp's batched and
-    one-token decodes round differently, so a near-tie can go the other way; with --exact they
-    compute the same, and the text is plain decoding's token for token.
+    plain decoding's, and only the speed changes. On the set-up's llama.cpp build batched and
+    one-token decodes compute the same, bit for bit (exact mode, on by default; --no-exact
+    turns it off), so greedy text is plain decoding's token for token.
 
     \b
     Examples:

@@ -1,7 +1,6 @@
 """What the `lookahead` commands share: model options, model resolution and loading, exit codes."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,25 +12,29 @@ THREADS_HELP = ("CPU threads for llama.cpp (one-token and batch decodes). Defaul
                 "for one-token decodes and keeps the faster.")
 
 
-EXACT_HELP = ("Batched decodes compute exactly what one-token decodes would, so greedy output with "
-              "speculation is plain decoding's, token for token (llama.cpp leaves attention's products "
-              "to its one-token kernels: prefill and long drafts cost a fifth more here). Needs the set-up's "
-              "patched llama.cpp, flash attention off, and Q4_1 or Q8_0 weights (smollm2-135m's, not the "
-              "default model's Q4_K_M; `lookahead doctor` tells); sets LOOKAHEAD_EXACT_BATCHES. Default: that variable's value (off).")
+EXACT_HELP = ("On by default: batched decodes compute exactly what one-token decodes would, so greedy "
+              "output with speculation is plain decoding's, token for token. Needs the set-up's patched "
+              "llama.cpp on an x86 CPU with AVX2, and flash attention off; `lookahead doctor` checks it, "
+              "and --stats/--json say whether a run was exact. --no-exact: llama.cpp's stock kernels "
+              "(greedy output can then part from plain decoding's at a near-tie). Sets "
+              "LOOKAHEAD_EXACT_BATCHES (default: that variable's value, else on).")
 
 
 def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
-    """--exact/--no-exact: set the variable the patched llama.cpp reads at its first batched
-    product, before any model is loaded (the commands load theirs after parsing)."""
+    """--exact/--no-exact: set the variable the patched llama.cpp reads at its first model load
+    and first product, before any model is loaded (the commands load theirs after parsing)."""
     if value is None:
         return
-    from lookahead.adapters.health import EXACT_BATCHES_ENV, exact_batches_available
+    from lookahead.adapters import exact
+    from lookahead.adapters.health import exact_batches_available
 
     if value and not exact_batches_available():
-        raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patch; build it "
-                                 "with scripts/setup.sh (a -DGGML_LLAMAFILE=OFF build is exact without --exact)",
-                                 param_hint="--exact")
-    os.environ[EXACT_BATCHES_ENV] = "1" if value else "0"
+        raise click.BadParameter("this llama-cpp-python build lacks lookahead's llama.cpp patches; build it "
+                                 "with scripts/setup.sh", param_hint="--exact")
+    try:
+        exact.set_for_process(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--exact/--no-exact") from None
 
 
 def model_options(tree_width: bool = True) -> Callable:

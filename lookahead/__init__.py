@@ -21,6 +21,12 @@ from .stats import SpeculationStats
 
 __version__ = "0.1.0"
 
+# Exact batches (lookahead.adapters.exact) must be chosen before llama.cpp loads a model: on
+# unless $LOOKAHEAD_EXACT_BATCHES says otherwise. It only sets that variable.
+from .adapters import exact as _exact  # noqa: E402
+
+_exact.choose_default()
+
 
 def __getattr__(name: str) -> Any:
     """`lookahead.wrap` and `lookahead.load`: the llama.cpp adapter, imported on first use."""

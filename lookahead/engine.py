@@ -131,6 +131,14 @@ class ModelFileTarget(Protocol):
         saved prompt prefixes (the whole prefill is paid, for timing)."""
 
 
+@runtime_checkable
+class ExactTarget(Protocol):
+    """Optional: a backend that knows whether its batched rows equal its one-token rows."""
+
+    batch_exact: bool  # bit for bit: greedy output with speculation is then plain decoding's
+    batch_exact_reason: str  # when not: why, and what would make it so
+
+
 def generate_tokens(
     target: Target,
     prompt: Sequence[int],
@@ -173,6 +181,8 @@ def generate_tokens(
     watched = target if isinstance(target, ContendedTarget) else None
     stats.prompt_tokens = len(prompt)
     stats.speculative = drafter is not None
+    if isinstance(target, ExactTarget):
+        stats.exact, stats.exact_reason = target.batch_exact, target.batch_exact_reason
     kv_tokens: list[int] = []  # tokens whose KV entries exist
     try:
         stats.reused_prompt_tokens, n_prefilled = target.begin(prompt)

@@ -54,6 +54,8 @@ class SpeculationStats:
     # the time its consumer holds them (so a server's own cost is its client's time minus this).
     request_ms: float = 0.0
     fallback: str | None = None  # why speculation was not used, when it was not
+    exact: bool | None = None  # the backend's batched rows equal its one-token rows (None: it does not say)
+    exact_reason: str = ""  # when not exact: why
 
     def record_step(self, drafted: int, accepted: int, emitted: int, source: int = 0,
                     sources: Iterable[int] = ()) -> None:
@@ -144,6 +146,9 @@ class SpeculationStats:
             total.decode_threads = part.decode_threads
             total.fallback = total.fallback or part.fallback
             total.contended = total.contended or part.contended
+            if part.exact is not None:  # exact only if every part was
+                total.exact = part.exact if total.exact is None else total.exact and part.exact
+                total.exact_reason = total.exact_reason or part.exact_reason
         return total
 
     def summary(self) -> str:
@@ -160,4 +165,6 @@ class SpeculationStats:
             f"propose {self.propose_ms:.1f} ms, sample {self.sample_ms:.1f} ms"
             + ("; decodes ran slow (another process on the cores): fewer threads for the rest" if self.contended
                else "")
+            + ("; exact: greedy output is plain decoding's, token for token" if self.exact and self.speculative
+               else f"; not exact: {self.exact_reason}" if self.exact is False and self.speculative else "")
         )

@@ -9,6 +9,7 @@ import numpy as np
 
 from lookahead.sequences import agreeing_prefix
 
+from .. import exact
 from .backend import lib
 from .chat import chat_completion
 from .prefix_states import PrefixStates, prompt_cache_off
@@ -59,6 +60,7 @@ class LlamaCppTarget:
         self.measurements = Measurements(llm)  # one-off measurements, kept for later processes
         self._threads = DecodeThreads(llm, self._ctx, threads, self.measurements, llama)
         self._saved_observations = 0  # the cost curve's observation count when last saved
+        self._exactness = exact.of_llama(llm)
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -90,6 +92,15 @@ class LlamaCppTarget:
         """A block whose requests start from an empty KV cache and neither use nor fill the
         saved prompt prefixes (the whole prefill is paid, for timing)."""
         return prompt_cache_off(self.llm)
+
+    @property
+    def batch_exact(self) -> bool:
+        """Batched rows equal one-token rows bit for bit (lookahead.adapters.exact)."""
+        return self._exactness.exact
+
+    @property
+    def batch_exact_reason(self) -> str:
+        return self._exactness.reason
 
     @property
     def penalty_last_n(self) -> int:

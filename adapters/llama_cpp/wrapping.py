@@ -9,6 +9,7 @@ from lookahead.api import Lookahead
 from lookahead.drafter import CostModel
 from lookahead.models import resolve
 
+from .. import exact as exact_mode
 from .backend import lib
 from .prefix_states import PrefixStates
 from .state import state_of
@@ -61,10 +62,13 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
 
 def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
          verbose: bool = False, speculate: bool = True, max_draft: int = 64, tree_width: int = 1,
-         threads: int | str = "auto", **llama_kwargs: Any) -> Lookahead:
+         threads: int | str = "auto", exact: bool | None = None, **llama_kwargs: Any) -> Lookahead:
     """Load a model and wrap it: a name (`lookahead.models.MODELS`: "qwen2.5-coder-1.5b",
     "smollm2-135m"), a GGUF path, or None for $LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.
 
+    `exact`: batched decodes computed exactly as one-token decodes, so greedy output is plain
+    decoding's token for token (lookahead.adapters.exact). None: the process's mode (on unless
+    $LOOKAHEAD_EXACT_BATCHES=0). It is chosen once per process, before its first model.
     `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
     `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
     so that drafts may branch where the index's occurrences disagree (each decode verifies
@@ -74,6 +78,8 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise ValueError(f"tree_width must be an integer in 1..{MAX_TREE_WIDTH}, got {tree_width!r}")
     path = resolve(model_path)
+    if exact is not None:
+        exact_mode.set_for_process(bool(exact))
     llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:
         enable_tree_drafts(llm, tree_width)

@@ -1,0 +1,105 @@
+"""Exact batches: whether llama.cpp computes a batched decode's rows exactly as one-token decodes.
+
+When it does, greedy output with speculation is plain decoding's, token for token: the verifier
+already emits the target's own choice from the rows it saw, and those rows are then the rows
+plain decoding would have seen. llama.cpp's stock CPU build computes a batch with other kernels
+than a one-token decode (tiled and repacked weight products, llamafile's attention), so its
+rows differ in the last bits and greedy output can part from plain's at a near-tie.
+
+The set-up's build (scripts/setup.sh, adapters/patches) has a mode that makes them equal, bit
+for bit, on x86 CPUs with AVX2, for every weight format: `LOOKAHEAD_EXACT_BATCHES=1` in the
+environment. llama.cpp reads it once per process, when the first model is loaded (whether to
+repack weights) and at the first product (which kernels), so it must be set before that.
+lookahead sets it when it is imported, unless the variable is already set (`0` turns it off).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+ENV = "LOOKAHEAD_EXACT_BATCHES"
+
+# Decided when lookahead is imported: whether the variable was in force before llama.cpp could
+# have loaded a model in this process (set by the user, or set here before llama_cpp was imported).
+_IN_FORCE_FROM_START: bool | None = None
+
+
+def requested() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def choose_default() -> None:
+    """Exact batches on unless the user chose: `ENV` is set to "1" if it is unset. Called when
+    lookahead is imported, so that it is in place before the first model load."""
+    global _IN_FORCE_FROM_START
+    if _IN_FORCE_FROM_START is not None:
+        return
+    user_set = ENV in os.environ
+    llama_first = "llama_cpp" in sys.modules
+    if not user_set:
+        os.environ[ENV] = "1"
+    _IN_FORCE_FROM_START = requested() and (user_set or not llama_first)
+
+
+_model_seen = False  # a model was loaded or wrapped in this process: the mode is fixed from then on
+
+
+def set_for_process(on: bool) -> None:
+    """Choose the mode explicitly (--exact/--no-exact, `load(exact=...)`), before any model is
+    loaded: llama.cpp reads it once. Choosing the other mode afterwards is an error."""
+    global _IN_FORCE_FROM_START
+    if _model_seen and on != requested():
+        raise ValueError(f"exact={on}: the exact mode is chosen once per process, before the first model "
+                         f"is loaded, and this process already runs with it {'on' if requested() else 'off'}")
+    os.environ[ENV] = "1" if on else "0"
+    _IN_FORCE_FROM_START = on if not _model_seen else _IN_FORCE_FROM_START
+
+
+def note_model() -> None:
+    """A model is loaded or wrapped: from now on the mode cannot change."""
+    global _model_seen
+    _model_seen = True
+
+
+@dataclass(frozen=True)
+class Exactness:
+    exact: bool  # batched rows equal one-token rows, bit for bit, so greedy output is plain's
+    reason: str = ""  # when not: why, and what would make it so
+
+
+def of_llama(llm) -> Exactness:
+    """Whether `llm` (a llama_cpp.Llama) decodes batches exactly as one-token decodes, and why not."""
+    from . import health
+
+    note_model()
+
+    if not requested():
+        return Exactness(False, f"{ENV}=0 (--no-exact): batched rows may differ from one-token rows "
+                                "in the last bits, so greedy output can part from plain decoding's at a near-tie")
+    if not _IN_FORCE_FROM_START:
+        return Exactness(False, f"llama_cpp was imported before lookahead and {ENV} was not set, so the "
+                                "model may have been loaded without it: import lookahead first, or set "
+                                f"{ENV}=1 in the environment")
+    missing = [p for p in health.EXACT_PATCHES if p not in health.build_patches()]
+    if missing:
+        return Exactness(False, "this llama-cpp-python build lacks lookahead's patches "
+                                f"({', '.join(missing)}): build it with scripts/setup.sh")
+    if int(getattr(llm.model_params, "n_gpu_layers", 0) or 0) != 0 and _gpu_build():
+        return Exactness(False, "layers run on a GPU: the exact mode covers llama.cpp's CPU kernels only")
+    if int(getattr(llm.context_params, "flash_attn_type", 0)) != 0:
+        return Exactness(False, "flash attention is on: llama.cpp's CPU flash attention takes other paths "
+                                "for long batches and long contexts (flash_attn=False is exact)")
+    info = health.system_info()
+    if info.get("AVX2") != "1" or info.get("FMA") != "1" or info.get("F16C") != "1":
+        return Exactness(False, "the exact mode's batch kernels are for x86 CPUs with AVX2, FMA and F16C")
+    return Exactness(True)
+
+
+def _gpu_build() -> bool:
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # an old binding without the call: assume a GPU build could offload
+        return True

@@ -1,0 +1,114 @@
+"""Exact mode's choice and report (lookahead.adapters.exact), without a model."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import flat_cost_model
+from fake_target import FakeTarget
+from lookahead.adapters import exact, health
+from lookahead.drafter import Drafter
+from lookahead.engine import ExactTarget, generate_tokens
+from lookahead.index import SuffixIndex
+from lookahead.sampling import SamplingParams
+from lookahead.stats import SpeculationStats
+
+
+def _child(code: str, env: dict[str, str | None]) -> str:
+    """`code`'s last line of output in a fresh interpreter with `env` changed (None: unset)."""
+    import os
+
+    child_env = {k: v for k, v in os.environ.items() if k not in env}
+    child_env.update({k: v for k, v in env.items() if v is not None})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+REPORT = ("import os, lookahead; from lookahead.adapters import exact; "
+          "print(os.environ.get(exact.ENV), exact._IN_FORCE_FROM_START)")
+
+
+def test_importing_lookahead_turns_exact_mode_on_unless_the_user_chose():
+    assert _child(REPORT, {exact.ENV: None}) == "1 True"
+    assert _child(REPORT, {exact.ENV: "0"}) == "0 False"
+    assert _child(REPORT, {exact.ENV: "1"}) == "1 True"
+
+
+def test_llama_cpp_imported_first_is_not_assumed_exact():
+    """llama.cpp reads the variable at its first model load: lookahead cannot know that a model
+    loaded before it was imported had it, unless the user set it."""
+    assert _child("import llama_cpp; " + REPORT, {exact.ENV: None}) == "1 False"
+    assert _child("import llama_cpp; " + REPORT, {exact.ENV: "1"}) == "1 True"
+
+
+def _llama(n_gpu_layers=0, flash_attn_type=0):
+    return SimpleNamespace(model_params=SimpleNamespace(n_gpu_layers=n_gpu_layers),
+                           context_params=SimpleNamespace(flash_attn_type=flash_attn_type))
+
+
+@pytest.fixture
+def exact_build(monkeypatch):
+    """A build with both patches on an AVX2 CPU, exact mode in force since the start."""
+    monkeypatch.setattr(health, "build_patches", lambda lib=None: list(health.EXACT_PATCHES))
+    monkeypatch.setattr(health, "system_info", lambda: {"AVX2": "1", "FMA": "1", "F16C": "1"})
+    monkeypatch.setenv(exact.ENV, "1")
+    monkeypatch.setattr(exact, "_IN_FORCE_FROM_START", True)
+    monkeypatch.setattr(exact, "_gpu_build", lambda: True)
+
+
+def test_a_cpu_llama_on_the_patched_build_is_exact(exact_build):
+    assert exact.of_llama(_llama()) == exact.Exactness(True)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: m.setenv(exact.ENV, "0"), "--no-exact"),
+    (lambda m: m.setattr(exact, "_IN_FORCE_FROM_START", False), "import lookahead first"),
+    (lambda m: m.setattr(health, "build_patches", lambda lib=None: [health.Q4_1_KERNEL]), health.K_QUANT_EXACT),
+    (lambda m: m.setattr(health, "system_info", lambda: {"AVX2": "0", "FMA": "1", "F16C": "1"}), "AVX2"),
+])
+def test_each_missing_condition_is_named(exact_build, monkeypatch, change, says):
+    change(monkeypatch)
+    result = exact.of_llama(_llama())
+    assert not result.exact and says in result.reason
+
+
+def test_gpu_layers_and_flash_attention_are_not_exact(exact_build):
+    assert "GPU" in exact.of_llama(_llama(n_gpu_layers=-1)).reason
+    assert "flash attention" in exact.of_llama(_llama(flash_attn_type=1)).reason
+
+
+class _ExactFake(FakeTarget):
+    batch_exact = False
+    batch_exact_reason = "a test backend that rounds batches its own way"
+
+
+def test_the_engine_reports_the_backend_s_exactness():
+    target = _ExactFake()
+    assert isinstance(target, ExactTarget)
+    stats = SpeculationStats()
+    list(generate_tokens(target, [2, 3, 4], SamplingParams(temperature=0.0), np.random.default_rng(0), 8,
+                         Drafter(flat_cost_model(target.max_batch), max_draft=8), SuffixIndex(), stats))
+    assert stats.exact is False and stats.exact_reason == target.batch_exact_reason
+    assert "not exact: a test backend" in stats.summary()
+
+
+def test_merged_stats_are_exact_only_if_every_part_was():
+    yes, no = SpeculationStats(exact=True), SpeculationStats(exact=False, exact_reason="why")
+    assert SpeculationStats.merge([yes, yes]).exact is True
+    merged = SpeculationStats.merge([yes, no])
+    assert merged.exact is False and merged.exact_reason == "why"
+    assert SpeculationStats.merge([SpeculationStats()]).exact is None
+
+
+def test_the_mode_cannot_change_once_a_model_was_seen(monkeypatch):
+    monkeypatch.setenv(exact.ENV, "1")
+    monkeypatch.setattr(exact, "_model_seen", True)
+    exact.set_for_process(True)  # the same mode: fine
+    with pytest.raises(ValueError, match="once per process"):
+        exact.set_for_process(False)
+    assert exact.requested()
