@@ -139,6 +139,7 @@ def _dequantize_with_ggml(ggml, wtype: int, raw: bytes, m: int, k: int) -> np.nd
 
 
 GGML_K_QUANTS = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-token kernels in exact mode
 
 
 # Shapes: Qwen2.5-Coder-1.5B's (1536 wide; 8960 in the MLP: more blocks per row than the small-
@@ -163,6 +164,22 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
         scale = np.abs(exact).max()
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
+
+
+@pytest.mark.parametrize("wtype", list(GGML_OTHER_FORMATS.values()), ids=list(GGML_OTHER_FORMATS))
+def test_other_formats_are_exact_in_exact_mode(ggml, wtype):
+    """Formats without a batch kernel the exact mode keeps (stock llama.cpp repacks Q4_0 or
+    hands it and F16 to llamafile): their batches take the one-token kernels there."""
+    if not health.exact_batches_requested():
+        pytest.skip(f"{health.EXACT_BATCHES_ENV}=0: llama.cpp's stock kernels are not exact")
+    if health.Q4_1_KERNEL not in health.build_patches():
+        pytest.skip("this build lacks lookahead's patches (scripts/setup.sh applies them)")
+    rng = np.random.default_rng(wtype)
+    weights = rng.normal(0.01, 0.05, size=(576, 1536))
+    for n in (2, 5, 16, 64):
+        _, batched, single = _products(ggml, wtype, weights, rng.normal(0, 1, size=(n, 1536)))
+        differ = np.flatnonzero((batched != single).any(axis=1))
+        assert differ.size == 0, f"n={n}: columns {differ.tolist()} differ from one-column products"
 
 
 def test_setup_compiled_in_the_q4_1_batch_kernel():
