@@ -53,7 +53,8 @@ def set_for_process(on: bool) -> None:
         raise ValueError(f"exact={on}: the exact mode is chosen once per process, before the first model "
                          f"is loaded, and this process already runs with it {'on' if requested() else 'off'}")
     os.environ[ENV] = "1" if on else "0"
-    _IN_FORCE_FROM_START = on if not _model_seen else _IN_FORCE_FROM_START
+    if not _model_seen:
+        _IN_FORCE_FROM_START = on
 
 
 def note_model() -> None:
@@ -81,7 +82,8 @@ def of_llama(llm) -> Exactness:
         return Exactness(False, f"llama_cpp was imported before lookahead and {ENV} was not set, so the "
                                 "model may have been loaded without it: import lookahead first, or set "
                                 f"{ENV}=1 in the environment")
-    missing = [p for p in health.EXACT_PATCHES if p not in health.build_patches()]
+    present = health.build_patches()  # reads the CPU library: once
+    missing = [p for p in health.EXACT_PATCHES if p not in present]
     if missing:
         return Exactness(False, "this llama-cpp-python build lacks lookahead's patches "
                                 f"({', '.join(missing)}): build it with scripts/setup.sh")
