@@ -207,8 +207,9 @@ def _consume(chunks: Iterator[tuple[str, str | None, dict | None]], echo: bool, 
               help="Write the result here (atomically, once complete). Default: stream to stdout.")
 @click.option("--in-place", is_flag=True, help="Replace FILE with the result (atomically, once complete).")
 @click.option("--force", is_flag=True,
-              help="Write --output / --in-place even when the answer diverged (cut short by a loop or its "
-                   "bound while keeping under a quarter of FILE's lines); without it nothing is written then.")
+              help="Write --output / --in-place even when the answer diverged (kept under a quarter of "
+                   "FILE's lines and was cut short by a loop or its bound, or came out under half FILE's "
+                   "length); without it nothing is written then.")
 @_sampling_options
 @model_options()
 def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_p, min_p, repeat_penalty, seed,
@@ -221,9 +222,11 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
     or an error never leaves a half-written file. The output is bounded by the input's
     length and a loop of repeated lines is stopped (with a warning on stderr). A file longer
     than the context is rewritten in parts cut at headings, paragraphs or top-level
-    definitions, streamed in order. An answer that diverged from FILE (cut short by a loop or
-    its length bound, keeping under a quarter of FILE's lines: the model answered with
-    something other than a rewrite) is not written without --force; exit code 1.
+    definitions, streamed in order. An answer that ends before the end of FILE, having copied
+    FILE up to there, goes on with FILE's own text (with a warning). An answer that diverged
+    from FILE (keeping under a quarter of its lines, and cut short by a loop or its length
+    bound or under half its length: the model answered with something other than a rewrite)
+    is not written without --force; exit code 1.
     """
     from lookahead import edit
 
@@ -276,7 +279,8 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
         click.echo(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
                                "output": str(destination) if destination and not refused else None,
                                "warnings": result.warnings, "parts": len(result.pieces),
-                               "lines_kept": round(result.lines_kept, 3), "diverged": result.diverged,
+                               "lines_kept": round(result.lines_kept, 3),
+                               "length_ratio": round(result.length_ratio, 3), "diverged": result.diverged,
                                "speculation": result.speculation}, ensure_ascii=False))
     elif destination is None and not result.text.endswith("\n"):
         click.echo("")
@@ -287,7 +291,8 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
     if refused:
         raise click.ClickException(
             f"not written: the answer diverged from {file} (finish: {result.finish_reason}, "
-            f"{result.lines_kept:.0%} of its lines kept); {destination} is untouched. --force writes it anyway.")
+            f"{result.lines_kept:.0%} of its lines kept, {result.length_ratio:.2f}x its length); "
+            f"{destination} is untouched. --force writes it anyway.")
     if destination is not None:
         click.echo(f"wrote {destination} ({len(result.text)} chars, finish: {result.finish_reason})", err=True)
 

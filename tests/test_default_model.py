@@ -60,3 +60,19 @@ def test_a_streamed_answer_is_plain_decoding_s(qwen):
     chunks = list(fast.create_chat_completion(QUESTION, temperature=0, max_tokens=96, stream=True))
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"] != ""
+
+
+def test_a_bug_fix_keeps_every_line_it_does_not_fix(qwen):
+    """"Fix the bug in chunked" on a whole file: the model's own answer stops right after
+    chunked; the rewrite goes on with the file's remaining lines. Exactly one line changes."""
+    from lookahead import edit
+
+    llm, fast = qwen
+    result = edit.rewrite(fast, TEXTUTILS, "Fix the bug in chunked: it drops the last, partial chunk",
+                          filename="textutils.py", stream=False)
+    buggy = "    return [items[i:i + size] for i in range(0, len(items) - size, size)]\n"
+    fixed = "    return [items[i:i + size] for i in range(0, len(items), size)]\n"
+    assert buggy in TEXTUTILS
+    assert result.text == TEXTUTILS.replace(buggy, fixed)
+    assert result.finish_reason == "stop" and not result.diverged
+    assert any("ended before the end of the text" in w for w in result.warnings), result.warnings

@@ -452,6 +452,57 @@ def test_a_rewrite_cut_short_goes_on_with_the_original():
     assert result.finish_reason == "loop" and "from line 5 on, the original text is kept" in result.warnings[0]
 
 
+def test_an_answer_that_ends_early_goes_on_with_the_original():
+    text = ("def a():\n    return 1\n\n\ndef b(x):\n    return x - 1\n\n\n"
+            "def c():\n    return 3\n\n\ndef d():\n    return 4\n")
+
+    def answer(source):  # fixes b, then closes the fence: the "only what changed" habit
+        return "```python\n" + source[: source.index("def c")].replace("x - 1", "x + 1").rstrip() + "\n```"
+
+    result = edit.rewrite(ScriptedModel(answer), text, "Fix b", filename="m.py", stream=False)
+    assert result.text == text.replace("x - 1", "x + 1")
+    assert result.finish_reason == "stop"
+    assert result.warnings == ["the rewrite: the answer ended before the end of the text; "
+                               "from line 9 on, the original text is kept"]
+
+
+def test_an_answer_that_skips_the_first_lines_gets_them_back():
+    text = '"""A module.\n\nIt does things.\n"""\n\nimport os\n\n\ndef f():\n    return os.sep\n'
+    skipping = ScriptedModel(lambda s: "```python\n" + s[s.index("import os"):].replace("os.sep", "os.sep * 2") + "\n```")
+    result = edit.rewrite(skipping, text, "Double it", filename="m.py", stream=False)
+    assert result.text == text.replace("os.sep", "os.sep * 2")
+    assert result.warnings == ["the rewrite: the answer left out the text's first lines; lines 1-5 of the "
+                               "original are kept"]
+    # lines the answer added before the source's first ones are not a skipped head
+    adding = ScriptedModel(lambda s: "# -*- coding: utf-8 -*-\n" + s)
+    assert edit.rewrite(adding, text, "Add a coding line", stream=False).text == "# -*- coding: utf-8 -*-\n" + text
+    # nor is a first line the instruction changed
+    changed = ScriptedModel(lambda s: s.replace('"""A module.', '"""The module.'))
+    result = edit.rewrite(changed, text, "Rename", stream=False)
+    assert result.text == text.replace("A module", "The module") and result.warnings == []
+
+
+def test_an_answer_that_rewrote_the_last_line_is_not_given_the_original_one_too():
+    text = "# Notes\n\nfirst line\n\nsecond line\n\nSee you on 10 March 2025 in room 4.\n"
+    new_last = "Meeting: 2025-03-10."
+    result = edit.rewrite(ScriptedModel(lambda s: s.replace("See you on 10 March 2025 in room 4.", new_last)),
+                          text, "ISO dates", stream=False)
+    assert result.text == text.replace("See you on 10 March 2025 in room 4.", new_last)
+    assert result.warnings == []
+    # nor one that dropped the last paragraph on purpose (one line left is not a lost tail)
+    dropped = edit.rewrite(ScriptedModel(lambda s: s[: s.index("\n\nSee you")]), text, "Drop the last line",
+                           stream=False)
+    assert dropped.text == text[: text.index("\n\nSee you")] + "\n" and dropped.warnings == []
+
+
+def test_an_explanation_instead_of_a_rewrite_is_marked_diverged():
+    text = "".join(f"line number {i} of the document, which says something\n" for i in range(20))
+    prose = ScriptedModel(lambda source: "To do that, change line 3 so that it says something else.")
+    result = edit.rewrite(prose, text, "Change line 3", stream=False)
+    assert result.finish_reason == "stop" and result.lines_kept == 0.0 and result.length_ratio < 0.1
+    assert result.diverged
+
+
 def test_an_answer_that_is_not_a_rewrite_is_marked_diverged():
     text = "# Notes\n\nThe meeting is on Monday.\n\n- Anna books the room.\n- Ben sends the agenda.\n"
     looping = ScriptedModel(lambda source: "**2025-03-14 10:00:00**\n" * 30)

@@ -16,7 +16,11 @@ emit at most `growth` times the source's tokens plus a little slack, and a block
 repeated back to back (more often than in the source, numbers aside) stops the request, is
 cut from the result, and adds a warning. A rewrite cut short that way goes on with the
 original text from the line where it stopped (when it was following the source), so no
-part of the text is lost; a request that returns no text keeps the original. A text longer
+part of the text is lost. So does an answer that ended by itself after copying the source
+up to some line, with two or more source lines left (a small model's habit of stopping
+right after the part it changed), and an answer that left out the source's first lines
+(a module docstring) gets them back in front; both add a warning. A request that returns
+no text keeps the original. A text longer
 than the context is rewritten in pieces cut at natural boundaries (Markdown headings,
 blank-line paragraphs, top-level definitions in code; lines, then spaces, only when a single
 block is too long), each piece with its own source as the reference, streamed in order.
@@ -31,7 +35,7 @@ The package is pure text logic plus calls to the wrapper (`fast.create_chat_comp
     prompt.py   the chat turns a rewrite sends, and which files are code
     clean.py    the answer cleaned as it streams (chatter, fences, an echoed instruction)
     loops.py    loop detection: lines repeated back to back more often than in the source
-    split.py    where a text is cut into pieces, and where a rewrite cut short resumes
+    split.py    where a text is cut into pieces, where a rewrite cut short resumes, what it skipped
     result.py   PieceResult, EditResult, lines_kept, the pieces' stats merged
     run.py      `rewrite` and `Rewrite`: the pieces run one request each, streamed in order
 """
@@ -42,12 +46,13 @@ from .loops import LOOP_MAX_PERIOD, copies_allowed, count_consecutive, find_loop
 from .prompt import CODE_SUFFIXES, build_rewrite_messages, instruction_lines, is_code
 from .result import DIVERGED_LINES_KEPT, EditResult, PieceResult, lines_kept, merge_speculation
 from .run import MIN_PIECE_TOKENS, TEMPLATE_SLACK_TOKENS, Rewrite, rewrite
-from .split import DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, output_bound, piece_budget, resume_offset, split_text
+from .split import (DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, ends_on_source_line, output_bound, piece_budget,
+                    resume_offset, skipped_head, split_text)
 
 __all__ = [
     "AnswerCleaner", "CODE_SUFFIXES", "DEFAULT_GROWTH", "DIVERGED_LINES_KEPT", "EditResult", "LOOP_MAX_PERIOD",
     "MIN_PIECE_TOKENS", "OUTPUT_SLACK_TOKENS", "PieceResult", "Rewrite", "TEMPLATE_SLACK_TOKENS",
     "build_rewrite_messages", "copies_allowed", "count_consecutive", "find_loop", "instruction_lines",
     "is_chatter", "is_code", "is_fence", "lines_kept", "merge_speculation", "output_bound", "piece_budget",
-    "resume_offset", "rewrite", "split_text", "tail_repeats",
+    "resume_offset", "rewrite", "skipped_head", "ends_on_source_line", "split_text", "tail_repeats",
 ]

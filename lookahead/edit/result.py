@@ -8,6 +8,7 @@ from typing import Sequence
 from ..stats import SpeculationStats
 
 DIVERGED_LINES_KEPT = 0.25  # see EditResult.diverged
+DIVERGED_LENGTH = 0.5
 
 
 @dataclass
@@ -42,18 +43,23 @@ class EditResult:
     pieces: list[PieceResult]
     speculation: dict
     lines_kept: float = 1.0  # `lines_kept(source region, text)`
+    length_ratio: float = 1.0  # characters of `text` per character of the source region
 
     @property
     def diverged(self) -> bool:
-        """Cut short (a loop or the length bound) and keeping under a quarter of the source's
-        lines: the model answered with something other than a rewrite. `lookahead rewrite`
-        then writes no file unless told to."""
-        return self.finish_reason in ("loop", "length") and self.lines_kept < DIVERGED_LINES_KEPT
+        """Keeping under a quarter of the source's lines, and either cut short (a loop or the
+        length bound) or under half the source's length: the model answered with something
+        other than a rewrite (a loop, an explanation). A translation, which keeps no line
+        but keeps the length, is not. `lookahead rewrite` then writes no file unless told to."""
+        if self.lines_kept >= DIVERGED_LINES_KEPT:
+            return False
+        return self.finish_reason in ("loop", "length") or self.length_ratio < DIVERGED_LENGTH
 
     def to_dict(self) -> dict:
         return {"text": self.text, "region": list(self.region), "finish_reason": self.finish_reason,
                 "warnings": list(self.warnings), "pieces": [vars(p) for p in self.pieces],
-                "speculation": self.speculation, "lines_kept": self.lines_kept, "diverged": self.diverged}
+                "speculation": self.speculation, "lines_kept": self.lines_kept, "length_ratio": self.length_ratio,
+                "diverged": self.diverged}
 
 
 def lines_kept(source: str, output: str) -> float:

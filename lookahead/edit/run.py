@@ -8,10 +8,13 @@ from typing import Any, Callable, Generator, Iterator
 from .clean import AnswerCleaner
 from .prompt import build_rewrite_messages, instruction_lines, is_code
 from .result import EditResult, PieceResult, lines_kept, merge_speculation
-from .split import DEFAULT_GROWTH, output_bound, piece_budget, resume_offset, split_text
+from .split import (DEFAULT_GROWTH, ends_on_source_line, output_bound, piece_budget, resume_offset, skipped_head,
+                    split_text)
 
 TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the turns (roles, default system prompt)
 MIN_PIECE_TOKENS = 16
+TAIL_MIN_LINES = 2  # source lines left after an answer that ended early, to keep them
+HEAD_LOOK_LINES = 3  # answer lines looked at to tell whether it skipped the source's first lines
 
 OnPiece = Callable[[int, int, tuple[int, int]], None]
 
@@ -87,15 +90,15 @@ class Rewrite:
             limit = min(limit, budget_left)
         result = PieceResult(start, end, n_src, limit)
         emitted: list[str] = []
-        cleaner, finish = yield from self._answer(core, lead, result, emitted)
+        cleaner, finish, head = yield from self._answer(core, lead, result, emitted, warnings, where)
         cut_short = cleaner.stopped == "loop" or (cleaner.stopped is None and finish != "stop")
         rest, rest_line = "", None
-        if cut_short and emitted:
-            rest, rest_line = self._rest_of_source(start, lead, core, cleaner.text)
+        if emitted:
+            rest, rest_line = self._rest_of_source(start, lead, core, head + cleaner.text, ended=not cut_short)
         if rest:
             yield rest
             emitted.append(rest)
-        result.finish_reason, warning = _ending(cleaner, finish, result, rest_line)
+        result.finish_reason, warning = _ending(cleaner, finish, result, rest_line, ended_early=bool(rest))
         if warning:
             warnings.append(f"{where}: {warning}")
         if not emitted:
@@ -109,13 +112,15 @@ class Rewrite:
         result.text = "".join(emitted)
         return result
 
-    def _answer(self, core: str, lead: str, result: PieceResult,
-                emitted: list[str]) -> Generator[str, None, tuple[AnswerCleaner, str | None]]:
+    def _answer(self, core: str, lead: str, result: PieceResult, emitted: list[str],
+                warnings: list[str], where: str) -> Generator[str, None, tuple[AnswerCleaner, str | None, str]]:
         """The model's answer for one piece, cleaned as it streams (the piece's leading blank
-        lines before the first text); adds it to `emitted` and the stats to `result`.
-        Returns the cleaner and the request's finish reason."""
+        lines before the first text, and the source's first lines if the answer skipped
+        them); adds it to `emitted` and the stats to `result`. Returns the cleaner and the
+        request's finish reason, and the source lines put back in front."""
         messages = build_rewrite_messages(core, self.instruction, self.filename)
         cleaner = AnswerCleaner(core, echo_lines=instruction_lines(messages, core))
+        head = _HeadCheck(core)
         t0 = time.perf_counter()
         # the source is the answer's prediction: a reference whose drafted / accepted tokens
         # the stats count apart (`prediction_drafted`, `prediction_accepted`)
@@ -131,7 +136,7 @@ class Rewrite:
                 finish = choice.get("finish_reason") or finish
                 if chunk.get("speculation"):
                     result.speculation = chunk["speculation"]
-                out = cleaner.feed(delta)
+                out = head.feed(cleaner.feed(delta))
                 if out:
                     out = (lead if not emitted else "") + out
                     emitted.append(out)
@@ -144,20 +149,36 @@ class Rewrite:
                 close()
         if cleaner.stopped and not result.speculation:  # closed early: the stream's stats so far
             result.speculation = getattr(chunks, "speculation", None) or {}
-        out = cleaner.finish()
+        out = head.feed(cleaner.finish()) + head.finish()
         if out:
             out = (lead if not emitted else "") + out
             emitted.append(out)
             yield out
-        return cleaner, finish
+        if head.kept_lines:
+            line = self.source[: result.start + len(lead)].count("\n") + 1
+            last = line + head.kept_lines - 1
+            warnings.append(f"{where}: the answer left out the text's first lines; lines {line}-{last} "
+                            f"of the original are kept")
+        return cleaner, finish, head.kept
 
-    def _rest_of_source(self, start: int, lead: str, core: str, kept: str) -> tuple[str, int | None]:
-        """The source after where a rewrite cut short stopped, so that no part of the text is
-        lost: (the text to add, with the newlines before it; its first line in the whole text),
-        or ("", None) when no line of the rewrite matched the source (nothing to go on from) or
-        the rewrite and the rest together would outgrow the bound."""
+    def _rest_of_source(self, start: int, lead: str, core: str, kept: str,
+                        ended: bool = False) -> tuple[str, int | None]:
+        """The source after where a rewrite stopped, so that no part of the text is lost:
+        (the text to add, with the newlines before it; its first line in the whole text), or
+        ("", None) when no line of the rewrite matched the source (nothing to go on from) or
+        the rewrite and the rest together would outgrow the bound.
+
+        `ended`: the answer ended by itself rather than being cut short. Small models often
+        stop right after the part they changed ("the bug is in chunked": the file up to
+        chunked's fix, then the closing fence); the rest is then kept only when the answer
+        followed the source to its last line and at least `TAIL_MIN_LINES` source lines are
+        left, so that a last line the instruction rewrote is not mistaken for a missing one.
+        """
         at = resume_offset(core, kept)
         rest = core[at:].lstrip("\n") if at > 0 else ""
+        if ended and rest and not (ends_on_source_line(core, kept, at)
+                                   and sum(1 for l in rest.split("\n") if l.strip()) >= TAIL_MIN_LINES):
+            return "", None
         if not rest or len(kept) + len(rest) > self.growth * len(core) + 200:
             return "", None
         skipped = len(core[at:]) - len(rest)  # blank lines before the rest
@@ -172,13 +193,16 @@ class Rewrite:
         return EditResult(text=text, document=self.source[:s] + text + self.source[e:], region=self.region,
                           finish_reason=finish, warnings=warnings, pieces=pieces,
                           speculation=merge_speculation([p.speculation for p in pieces]),
-                          lines_kept=lines_kept(self.source[s:e], text))
+                          lines_kept=lines_kept(self.source[s:e], text),
+                          length_ratio=len(text) / max(1, e - s))
 
 
 def _ending(cleaner: AnswerCleaner, finish: str | None, piece: PieceResult,
-            rest_line: int | None) -> tuple[str, str | None]:
+            rest_line: int | None, ended_early: bool = False) -> tuple[str, str | None]:
     """How a piece's request ended ("loop", "stop" or "length") and what to warn of, if anything."""
     kept = f"; from line {rest_line} on, the original text is kept" if rest_line is not None else ""
+    if ended_early and cleaner.stopped != "loop" and (cleaner.stopped is not None or finish == "stop"):
+        return "stop", f"the answer ended before the end of the text{kept}"
     if cleaner.stopped == "loop":
         block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]
         return "loop", f"stopped a loop of repeated lines ({block!r}) and cut the repeats{kept}"
@@ -186,6 +210,37 @@ def _ending(cleaner: AnswerCleaner, finish: str | None, piece: PieceResult,
         return "stop", None
     return "length", (f"the output reached its bound of {piece.max_tokens} tokens "
                       f"(source {piece.source_tokens} tokens){kept}")
+
+
+class _HeadCheck:
+    """Holds an answer's first lines until it is known whether they skipped the source's
+    first lines (`skipped_head`); if so, puts those back in front. feed(text) -> text to
+    release; finish() -> the rest; `kept_lines`: source lines put back (0: none)."""
+
+    def __init__(self, source: str, look: int = HEAD_LOOK_LINES):
+        self.source = source
+        self.look = look
+        self.held: str | None = ""  # None once released
+        self.kept = ""  # the source lines put back
+        self.kept_lines = 0
+
+    def feed(self, text: str) -> str:
+        if self.held is None:
+            return text
+        self.held += text
+        complete = self.held[: self.held.rfind("\n") + 1]
+        if sum(1 for l in complete.split("\n") if l.strip()) >= self.look:
+            return self.finish()
+        return ""
+
+    def finish(self) -> str:
+        if self.held is None:
+            return ""
+        held, self.held = self.held, None
+        at = skipped_head(self.source, held, look=self.look) if held.strip() else 0
+        self.kept = self.source[:at]
+        self.kept_lines = self.kept.count("\n")
+        return self.kept + held
 
 
 def _edges(piece: str) -> tuple[str, str, str]:

@@ -97,6 +97,50 @@ def _farthest_fit(text: str, start: int, cands: list[int], max_tokens: int,
     return best
 
 
+def _similar(a: str, b: str, min_ratio: float) -> bool:
+    """Equal, or alike by difflib's ratio (a line with a typo fixed is still the same line)."""
+    return a == b or bool(a and b and difflib.SequenceMatcher(None, a, b).ratio() >= min_ratio)
+
+
+def ends_on_source_line(source: str, kept: str, at: int, min_ratio: float = 0.75) -> bool:
+    """Whether the last non-blank line of `kept` is the source's last line before offset `at`
+    (`resume_offset`'s answer): the rewrite was copying the source when it stopped."""
+    last_kept = next((l.strip() for l in reversed(kept.split("\n")) if l.strip()), "")
+    last_src = next((l.strip() for l in reversed(source[:at].split("\n")) if l.strip()), "")
+    return bool(last_kept) and _similar(last_src, last_kept, min_ratio)
+
+
+def skipped_head(source: str, answer: str, look: int = 3, min_lines: int = 2, min_ratio: float = 0.75) -> int:
+    """Where in `source` an answer that skipped the source's first lines starts copying it
+    (the character offset of that line), or 0 when it did not skip them.
+
+    Small models sometimes leave out a file's first lines (a module docstring, a licence
+    header) and start at the first line of code. Looks at the answer's first `look`
+    non-blank lines: the first that is, verbatim, one source line (and only one) at line j
+    decides. The answer skipped the head when the source has at least `min_lines` non-blank
+    lines before j and none of them is like an answer line before it. A first answer line
+    like an early source line but not equal to any (a line the instruction changed) means
+    the answer follows the source from its start: 0.
+    """
+    src_lines = source.split("\n")
+    stripped = [l.strip() for l in src_lines]
+    starts = [0]
+    for line in src_lines:
+        starts.append(starts[-1] + len(line) + 1)
+    before: list[str] = []  # answer lines before the one that decides (lines it added)
+    for line in [l.strip() for l in answer.split("\n") if l.strip()][:look]:
+        if stripped.count(line) == 1:
+            j = stripped.index(line)
+            head = [l for l in stripped[:j] if l]
+            if len(head) < min_lines or any(_similar(h, b, min_ratio) for h in head for b in before):
+                return 0
+            return starts[j]
+        if any(_similar(l, line, min_ratio) for l in stripped if l):
+            return 0
+        before.append(line)
+    return 0
+
+
 def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0.75,
                   min_matched: float = 0.5) -> int:
     """Where in `source` the text not yet rewritten starts, given the rewrite `kept` so far.
@@ -121,8 +165,7 @@ def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0
             continue
         lines += 1
         for j in range(cursor, min(len(src_lines), cursor + window)):
-            candidate = src_lines[j].strip()
-            if candidate == target or (candidate and difflib.SequenceMatcher(None, candidate, target).ratio() >= min_ratio):
+            if _similar(src_lines[j].strip(), target, min_ratio):
                 cursor = j + 1
                 matched += 1
                 break

@@ -78,7 +78,8 @@ def edit_events(state: ServerState, cancelled: threading.Event, req: EditRequest
     fields = {"text": result.text, "document": result.document} if whole else {}
     fields.update(
         finish_reason=result.finish_reason, warnings=list(result.warnings),
-        lines_kept=round(result.lines_kept, 4), diverged=result.diverged, region=list(result.region),
+        lines_kept=round(result.lines_kept, 4), length_ratio=round(result.length_ratio, 4),
+        diverged=result.diverged, region=list(result.region),
         pieces=[{"start": p.start, "end": p.end, "finish_reason": p.finish_reason} for p in result.pieces],
         speculation=spec,
         usage=usage_block(spec.get("prompt_tokens", 0), spec.get("generated_tokens", 0), spec))
