@@ -418,6 +418,26 @@ def test_bare_code_fences_of_the_document_inside_a_fenced_answer():
     assert out == "Run this:\n\n```\nmake\n```\n\nDone." and cleaner.stopped == "fence"
 
 
+@pytest.mark.parametrize("answer, expected", [
+    ("# Doc\n\nSome text.\n\n---\n\nThis should now be free of spelling mistakes.", "# Doc\n\nSome text."),
+    ("# Doc\n\nSome text.\n\nI have corrected the spelling mistakes.\n", "# Doc\n\nSome text."),
+    ("# Doc\n\nSome text.\n---\n", "# Doc\n\nSome text."),
+    ("```markdown\n# Doc\n\nSome text.\n\n---\nAll the spelling mistakes are fixed.\n```\n", "# Doc\n\nSome text."),
+    ("---\n# Doc\n\nSome text.\n", "# Doc\n\nSome text."),  # a rule the source does not start with
+    # a sign-off-like line followed by more document text is the document's
+    ("# Doc\n\nI have two cats.\n\nSome text.\n", "# Doc\n\nI have two cats.\n\nSome text."),
+])
+def test_a_sign_off_after_the_document_is_dropped(answer, expected):
+    out, cleaner = stream_clean(answer, "# Doc\n\nSome txet.\n")
+    assert out == expected
+
+
+def test_a_rule_and_last_line_of_the_source_itself_are_kept():
+    source = "# Doc\n\nSome text.\n\n---\n\nAll the changes are in CHANGES.md.\n"
+    out, _ = stream_clean(source.replace("Some text", "Some more text"), source)
+    assert out == source.replace("Some text", "Some more text").rstrip("\n")
+
+
 def test_an_echoed_instruction_ends_the_document():
     source = "# Doc\n\nSome text.\n"
     messages = build_rewrite_messages(source, "Fix the typos")
@@ -476,6 +496,10 @@ def test_an_answer_that_skips_the_first_lines_gets_them_back():
     # lines the answer added before the source's first ones are not a skipped head
     adding = ScriptedModel(lambda s: "# -*- coding: utf-8 -*-\n" + s)
     assert edit.rewrite(adding, text, "Add a coding line", stream=False).text == "# -*- coding: utf-8 -*-\n" + text
+    # nor the first lines rewrapped into one
+    rewrapped = ScriptedModel(lambda s: '"""A module. It does thngs.\n"""\n' + s[s.index("\nimport os"):])
+    result = edit.rewrite(rewrapped, text, "Fix typos", stream=False)
+    assert result.text.startswith('"""A module. It does thngs.\n"""\n\nimport os') and result.warnings == []
     # nor is a first line the instruction changed
     changed = ScriptedModel(lambda s: s.replace('"""A module.', '"""The module.'))
     result = edit.rewrite(changed, text, "Rename", stream=False)

@@ -17,6 +17,26 @@ _CHATTER_WORDS = re.compile(r"revised|corrected|updated|rewritten|edited|fixed|i
                             re.IGNORECASE)
 
 
+_RULE = re.compile(r"^\s*([-*_])(?:\s*\1){2,}\s*$")
+_SIGNOFF = re.compile(
+    r"^(?:this (?:should|now|version|revised|corrected|updated)\b|i (?:have|hope|made|fixed|corrected)\b|i've\b"
+    r"|all (?:the )?(?:\w+ )?(?:mistakes|errors|typos|changes)\b|let me know\b|hope this\b"
+    r"|(?:the )?(?:spelling )?(?:mistakes|errors|typos) (?:have|are)\b|(?:note|changes made)\s*:)",
+    re.IGNORECASE)
+SIGNOFF_LINES = 2  # most sign-off lines after the document (after a rule, if any)
+
+
+def is_rule(line: str) -> bool:
+    """A Markdown horizontal rule: ---, ***, ___ (spaces between allowed)."""
+    return bool(_RULE.match(line))
+
+
+def is_signoff(line: str) -> bool:
+    """A line a model puts after its answer: "This should now be free of spelling mistakes."."""
+    core = line.strip().strip("*_#> ").strip()
+    return bool(core) and len(core) <= 200 and bool(_SIGNOFF.match(core))
+
+
 def is_fence(line: str) -> bool:
     """A Markdown code-fence line: ``` or ~~~, optionally with a language name."""
     return bool(_FENCE.match(line))
@@ -43,9 +63,12 @@ class AnswerCleaner:
     an opening fence (unless the source itself starts that way), stops at the fence that
     closes it (`stopped` = "fence") or at a line of the prompt's instruction repeated
     (`echo_lines`; `stopped` = "echo"), stops a loop of repeated lines (`stopped` = "loop", the
-    repeats cut, `loop_block` the repeated lines), and strips leading and trailing blank
-    lines (the caller puts the source's own back). Lines that might be the start of a repeat
-    are held until they are known not to be.
+    repeats cut, `loop_block` the repeated lines), drops a sign-off after the document (a
+    horizontal rule and/or a line or two like "This should now be free of spelling
+    mistakes.", none of them in the source), and strips leading and trailing blank lines
+    (the caller puts the source's own back). Lines that might be the start of a repeat or
+    of a sign-off are held until they are known not to be; a line the source does not
+    start is shown once it is complete.
     """
 
     def __init__(self, source: str, echo_lines: Sequence[str] = (), max_period: int = LOOP_MAX_PERIOD):
@@ -124,7 +147,7 @@ class AnswerCleaner:
                     out = self._add_line(intro, 0)
                     out += "".join(self._add_line("", 0) for _ in range(self._intro_gap))
                     return out + self._add_line(line, already_released)
-            if (is_chatter(line) and line.strip() != self._source_first) or (
+            if ((is_chatter(line) or is_rule(line)) and line.strip() != self._source_first) or (
                     is_fence(line) and not self._source_starts_fenced and not self._fenced):
                 if is_fence(line):
                     self._fenced = True
@@ -138,6 +161,7 @@ class AnswerCleaner:
         if line.strip() in self._echo:
             self.stopped = "echo"
             self.dropped.append(line)
+            self._drop_signoff()
             return self._release_lines(len(self.lines))
         if self._fenced and is_fence(line):
             if self._inner_fence:  # closes a code block of the document
@@ -148,6 +172,7 @@ class AnswerCleaner:
             else:  # the fence that closes the whole answer
                 self.stopped = "fence"
                 self.dropped.append(line)
+                self._drop_signoff()
                 return self._release_lines(len(self.lines))
         self.lines.append(line)
         if already_released:
@@ -165,7 +190,36 @@ class AnswerCleaner:
         hold = max(tail_repeats(self.lines, self.max_period).values(), default=0)
         if not self._fenced and is_fence(line):
             hold = max(hold, 1)  # maybe a stray closing fence at the very end
+        signoff = self._signoff_start()
+        if signoff is not None:
+            hold = max(hold, len(self.lines) - signoff)
         return self._release_lines(len(self.lines) - hold)
+
+    def _drop_signoff(self) -> None:
+        signoff = self._signoff_start()
+        if signoff is not None:
+            self.dropped.extend(self.lines[signoff:])
+            del self.lines[signoff:]
+
+    def _signoff_start(self) -> int | None:
+        """Where a sign-off at the end of the lines so far starts (None: there is none): a
+        rule and/or up to SIGNOFF_LINES sign-off lines, none of them in the source, after the
+        last line that is neither."""
+        start, signoffs = None, 0
+        for i in range(len(self.lines) - 1, self._released - 1, -1):
+            line = self.lines[i]
+            if not line.strip():
+                continue
+            if line.strip() in self._source_set:
+                break
+            if is_rule(line):
+                start = i
+                break  # a rule opens the sign-off
+            if not is_signoff(line) or signoffs == SIGNOFF_LINES:
+                break
+            signoffs += 1
+            start = i
+        return start
 
     def _release_lines(self, upto: int) -> str:
         if upto <= self._released:
@@ -180,6 +234,8 @@ class AnswerCleaner:
             return ""
         if part.lstrip().startswith(("`", "~")):
             return ""  # maybe a fence
+        if not any(src.startswith(part) for src in self.source_lines):
+            return ""  # a new line (an edit, maybe a sign-off): shown once complete
         stripped = norm_line(part)
         n = len(self.lines)
         for p in range(1, min(self.max_period, n) + 1):
@@ -206,6 +262,7 @@ class AnswerCleaner:
             if (self.lines and not self._fenced and is_fence(self.lines[-1]) and self._released < len(self.lines)
                     and sum(is_fence(l) for l in self.lines) % 2 == 1):
                 self.dropped.append(self.lines.pop())
+            self._drop_signoff()
             out.append(self._release_lines(len(self.lines)))
         return "".join(out)
 

@@ -102,6 +102,16 @@ def _similar(a: str, b: str, min_ratio: float) -> bool:
     return a == b or bool(a and b and difflib.SequenceMatcher(None, a, b).ratio() >= min_ratio)
 
 
+def _covers(answer_lines: list[str], source_lines: list[str], min_ratio: float) -> bool:
+    """Whether answer lines stand for the source lines: one of them is like one source line,
+    or together they hold at least half the source lines' words (the lines rewrapped)."""
+    if any(_similar(s, a, min_ratio) for s in source_lines for a in answer_lines):
+        return True
+    words = re.findall(r"\w+", " ".join(source_lines).lower())
+    have = set(re.findall(r"\w+", " ".join(answer_lines).lower()))
+    return bool(words) and sum(w in have for w in words) >= 0.5 * len(words)
+
+
 def ends_on_source_line(source: str, kept: str, at: int, min_ratio: float = 0.75) -> bool:
     """Whether the last non-blank line of `kept` is the source's last line before offset `at`
     (`resume_offset`'s answer): the rewrite was copying the source when it stopped."""
@@ -118,7 +128,8 @@ def skipped_head(source: str, answer: str, look: int = 3, min_lines: int = 2, mi
     header) and start at the first line of code. Looks at the answer's first `look`
     non-blank lines: the first that is, verbatim, one source line (and only one) at line j
     decides. The answer skipped the head when the source has at least `min_lines` non-blank
-    lines before j and none of them is like an answer line before it. A first answer line
+    lines before j and the answer lines before it do not stand for them (none is like one of
+    them, and they hold under half their words: not the head rewrapped). A first answer line
     like an early source line but not equal to any (a line the instruction changed) means
     the answer follows the source from its start: 0.
     """
@@ -132,7 +143,7 @@ def skipped_head(source: str, answer: str, look: int = 3, min_lines: int = 2, mi
         if stripped.count(line) == 1:
             j = stripped.index(line)
             head = [l for l in stripped[:j] if l]
-            if len(head) < min_lines or any(_similar(h, b, min_ratio) for h in head for b in before):
+            if len(head) < min_lines or _covers(before, head, min_ratio):
                 return 0
             return starts[j]
         if any(_similar(l, line, min_ratio) for l in stripped if l):
