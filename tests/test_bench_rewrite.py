@@ -40,12 +40,15 @@ def test_lines_kept_counts_source_lines_found_in_order():
 
 
 def test_quality_flags_loops_and_bounds():
-    q = quality("a\nb\n", "a\nb\n", 10, 12, "stop", [])
-    assert q == {"length_ratio": 1.2, "lines_kept": 1.0, "loop_stopped": False, "bound_reached": False,
+    q = quality("a\nb\n", "a\nbc\n", "stop", [])
+    assert q == {"length_ratio": 1.25, "lines_kept": 0.5, "loop_stopped": False, "bound_reached": False,
                  "finish_reason": "stop", "warnings": []}
-    q = quality("a\nb\n", "a\n", 10, 5, "loop", ["the rewrite: stopped a loop of repeated lines ('x')"])
+    q = quality("a\nb\n", "a\nb\n", "stop", [])
+    assert q == {"length_ratio": 1.0, "lines_kept": 1.0, "loop_stopped": False, "bound_reached": False,
+                 "finish_reason": "stop", "warnings": []}
+    q = quality("a\nb\n", "a\n", "loop", ["the rewrite: stopped a loop of repeated lines ('x')"])
     assert q["loop_stopped"] and not q["bound_reached"] and q["lines_kept"] == 0.5
-    assert quality("a", "a", 10, 45, "length", [])["bound_reached"]
+    assert quality("a", "a", "length", [])["bound_reached"]
 
 
 def test_load_rewrites_reads_files_relative_to_the_jsonl(tmp_path):

@@ -86,10 +86,11 @@ def load_rewrites(path: Path, categories: Sequence[str] = (), limit: int | None 
 
 
 # ---- quality ------------------------------------------------------------------------------
-def quality(source: str, output: str, source_tokens: int, output_tokens: int, finish_reason: str,
-            warnings: Sequence[str]) -> dict:
-    """The simple checks of one rewrite: length ratio, lines kept, loop stopped, bound reached."""
-    return {"length_ratio": round(output_tokens / max(1, source_tokens), 3),
+def quality(source: str, output: str, finish_reason: str, warnings: Sequence[str]) -> dict:
+    """The simple checks of one rewrite: length ratio (characters of the output per character
+    of the source: the text written, with any source lines a rewrite put back, not only the
+    tokens generated), lines kept, loop stopped, bound reached."""
+    return {"length_ratio": round(len(output) / max(1, len(source)), 3),
             "lines_kept": round(lines_kept(source, output), 3),
             "loop_stopped": any("loop" in w for w in warnings),
             "bound_reached": finish_reason == "length" or any("bound" in w for w in warnings),
@@ -166,8 +167,7 @@ def bench_rewrites(model_path: Path, llama: dict[str, Any], items: list[dict], t
                "output_tokens": first["output_tokens"],
                "drafted": first["drafted"], "accepted": first["accepted"],
                "identical_to_plain": first["text"] == plain[0]["text"],
-               "quality": quality(item["text"], first["text"], source_tokens, first["output_tokens"],
-                                  first["finish_reason"], first["warnings"]),
+               "quality": quality(item["text"], first["text"], first["finish_reason"], first["warnings"]),
                "text": first["text"], "plain_text": plain[0]["text"]}
         row["speedup"] = row["plain_s"] / row["lookahead_s"]
         decode_plain = _median_or_none(r["decode_s_per_token"] for r in plain)
@@ -179,8 +179,7 @@ def bench_rewrites(model_path: Path, llama: dict[str, Any], items: list[dict], t
                              "ttft_s": _median_or_none(s["ttft_s"] for s in second),
                              "first_ttft_s": _median_or_none(s["first_ttft_s"] for s in second),
                              "seconds": statistics.median(s["seconds"] for s in second),
-                             "quality": quality(item["text"], second[0]["text"], source_tokens,
-                                                second[0]["output_tokens"], second[0]["finish_reason"],
+                             "quality": quality(item["text"], second[0]["text"], second[0]["finish_reason"],
                                                 second[0]["warnings"]),
                              "text": second[0]["text"]}
             s = row["second"]
