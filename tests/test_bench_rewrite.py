@@ -93,7 +93,7 @@ def _row(id_, category, plain_s, lookahead_s, loop=False, second_ratio=None):
     row = {"id": id_, "category": category, "source_tokens": 100, "output_tokens": 90, "plain_s": plain_s,
            "lookahead_s": lookahead_s, "speedup": plain_s / lookahead_s, "decode_speedup": None,
            "drafted": 10, "accepted": 5, "identical_to_plain": not loop,
-           "quality": quality("a\nb\n", "a\n" if loop else "a\nb\n", 100, 90, "loop" if loop else "stop",
+           "quality": quality("a\nb\n", "a\n" if loop else "a\nb\n", "loop" if loop else "stop",
                               ["stopped a loop"] if loop else [])}
     if second_ratio is not None:
         row["second"] = {"reused_prompt_tokens": 80, "ttft_ratio": second_ratio}
