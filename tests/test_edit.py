@@ -506,6 +506,22 @@ def test_an_answer_that_skips_the_first_lines_gets_them_back():
     assert result.text == text.replace("A module", "The module") and result.warnings == []
 
 
+def test_an_answer_that_ends_in_a_rewritten_function_resumes_at_the_next_definition():
+    head = 'def chunked(items, size):\n    """Split a list into chunks."""\n    if size <= 0:\n        raise ValueError(size)\n'
+    text = (head + "    return [items[i:i + size] for i in range(0, len(items) - size, size)]\n"
+            "\n\ndef truncate(text, width):\n    return text[:width]\n\n\ndef word_count(text):\n"
+            "    counts = {}\n    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n"
+            "    return counts\n\n\ndef dedupe(items):\n    return list(dict.fromkeys(items))\n")
+    rewritten = (head + "    chunks = []\n    for i in range(0, len(items), size):\n"
+                 "        chunks.append(items[i:i + size])\n    return chunks\n")
+    result = edit.rewrite(ScriptedModel(lambda s: rewritten), text, "Fix chunked", filename="m.py", stream=False)
+    # "return chunks" is like "return counts", but the line before it is not: the answer's
+    # own lines replaced chunked's body, and the rest starts at the next definition
+    assert result.text == rewritten + text[text.index("\n\ndef truncate"):]
+    assert result.warnings == ["the rewrite: the answer ended before the end of the text; "
+                               "from line 8 on, the original text is kept"]
+
+
 def test_an_answer_that_rewrote_the_last_line_is_not_given_the_original_one_too():
     text = "# Notes\n\nfirst line\n\nsecond line\n\nSee you on 10 March 2025 in room 4.\n"
     new_last = "Meeting: 2025-03-10."

@@ -46,7 +46,7 @@ from .loops import LOOP_MAX_PERIOD, copies_allowed, count_consecutive, find_loop
 from .prompt import CODE_SUFFIXES, build_rewrite_messages, instruction_lines, is_code
 from .result import DIVERGED_LINES_KEPT, EditResult, PieceResult, lines_kept, merge_speculation
 from .run import MIN_PIECE_TOKENS, TEMPLATE_SLACK_TOKENS, Rewrite, rewrite
-from .split import (DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, ends_on_source_line, output_bound, piece_budget,
+from .split import (DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, ended_offset, output_bound, piece_budget,
                     resume_offset, skipped_head, split_text)
 
 __all__ = [
@@ -54,5 +54,5 @@ __all__ = [
     "MIN_PIECE_TOKENS", "OUTPUT_SLACK_TOKENS", "PieceResult", "Rewrite", "TEMPLATE_SLACK_TOKENS",
     "build_rewrite_messages", "copies_allowed", "count_consecutive", "find_loop", "instruction_lines",
     "is_chatter", "is_code", "is_fence", "lines_kept", "merge_speculation", "output_bound", "piece_budget",
-    "resume_offset", "rewrite", "skipped_head", "ends_on_source_line", "split_text", "tail_repeats",
+    "resume_offset", "rewrite", "skipped_head", "ended_offset", "split_text", "tail_repeats",
 ]

@@ -8,12 +8,13 @@ from typing import Any, Callable, Generator, Iterator
 from .clean import AnswerCleaner
 from .prompt import build_rewrite_messages, instruction_lines, is_code
 from .result import EditResult, PieceResult, lines_kept, merge_speculation
-from .split import (DEFAULT_GROWTH, ends_on_source_line, output_bound, piece_budget, resume_offset, skipped_head,
+from .split import (DEFAULT_GROWTH, ended_offset, output_bound, piece_budget, resume_offset, skipped_head,
                     split_text)
 
 TEMPLATE_SLACK_TOKENS = 64  # chat-template tokens around the turns (roles, default system prompt)
 MIN_PIECE_TOKENS = 16
 TAIL_MIN_LINES = 2  # source lines left after an answer that ended early, to keep them
+TAIL_MIN_LINES_REPLACED = 4  # the same when the answer ended in lines of its own
 HEAD_LOOK_LINES = 3  # answer lines looked at to tell whether it skipped the source's first lines
 
 OnPiece = Callable[[int, int, tuple[int, int]], None]
@@ -170,15 +171,20 @@ class Rewrite:
 
         `ended`: the answer ended by itself rather than being cut short. Small models often
         stop right after the part they changed ("the bug is in chunked": the file up to
-        chunked's fix, then the closing fence); the rest is then kept only when the answer
-        followed the source to its last line and at least `TAIL_MIN_LINES` source lines are
-        left, so that a last line the instruction rewrote is not mistaken for a missing one.
+        chunked's fix, then the closing fence); `ended_offset` says where the untouched rest
+        starts, and it is kept when it has at least `TAIL_MIN_LINES` non-blank lines
+        (`TAIL_MIN_LINES_REPLACED` when the answer ended in lines of its own), so that a
+        last paragraph the instruction rewrote is not mistaken for a missing one.
         """
-        at = resume_offset(core, kept)
-        rest = core[at:].lstrip("\n") if at > 0 else ""
-        if ended and rest and not (ends_on_source_line(core, kept, at)
-                                   and sum(1 for l in rest.split("\n") if l.strip()) >= TAIL_MIN_LINES):
-            return "", None
+        if ended:
+            at, replaced = ended_offset(core, kept, code=is_code(self.filename))
+            rest = core[at:].lstrip("\n") if at > 0 else ""
+            need = TAIL_MIN_LINES_REPLACED if replaced else TAIL_MIN_LINES
+            if sum(1 for l in rest.split("\n") if l.strip()) < need:
+                return "", None
+        else:
+            at = resume_offset(core, kept)
+            rest = core[at:].lstrip("\n") if at > 0 else ""
         if not rest or len(kept) + len(rest) > self.growth * len(core) + 200:
             return "", None
         skipped = len(core[at:]) - len(rest)  # blank lines before the rest

@@ -112,12 +112,53 @@ def _covers(answer_lines: list[str], source_lines: list[str], min_ratio: float) 
     return bool(words) and sum(w in have for w in words) >= 0.5 * len(words)
 
 
-def ends_on_source_line(source: str, kept: str, at: int, min_ratio: float = 0.75) -> bool:
-    """Whether the last non-blank line of `kept` is the source's last line before offset `at`
-    (`resume_offset`'s answer): the rewrite was copying the source when it stopped."""
-    last_kept = next((l.strip() for l in reversed(kept.split("\n")) if l.strip()), "")
-    last_src = next((l.strip() for l in reversed(source[:at].split("\n")) if l.strip()), "")
-    return bool(last_kept) and _similar(last_src, last_kept, min_ratio)
+def ended_offset(source: str, kept: str, code: bool = False, window: int = 40, min_ratio: float = 0.75,
+                 min_matched: float = 0.5) -> tuple[int, bool]:
+    """Where the source's untouched rest starts after an answer `kept` that ended by itself
+    before the source did: (offset, replaced), or (0, False) when there is nothing to go on
+    from (as `resume_offset`: under `min_matched` of the answer's lines are source lines).
+
+    Only a match that follows the previous one line for line is trusted (a lone similar
+    line may be a later one: "return chunks" at the end of a rewritten function is like a
+    later function's "return counts"). If the answer's last line is such a match, the rest
+    starts on the next source line (replaced = False). If the answer ends in lines of its
+    own, they replaced what followed the last trusted match, so the rest starts at the next
+    block: a top-level line after a blank one in code, a paragraph in prose (replaced = True).
+    """
+    src = source.split("\n")
+    starts = [0]
+    for line in src:
+        starts.append(starts[-1] + len(line) + 1)
+    cursor = lines = matched = 0
+    prev = last = None  # source line of the previous answer line's match; of the last trusted one
+    trailing_new = 0
+    for line in kept.split("\n"):
+        target = line.strip()
+        if not target:
+            continue
+        lines += 1
+        j = next((j for j in range(cursor, min(len(src), cursor + window)) if _similar(src[j].strip(), target, min_ratio)),
+                 None)
+        if j is None:
+            prev, trailing_new = None, trailing_new + 1
+            continue
+        matched += 1
+        cursor = j + 1
+        if prev is not None and all(not l.strip() for l in src[prev + 1 : j]):
+            last, trailing_new = j, 0
+        else:
+            trailing_new += 1
+        prev = j
+    if last is None or not lines or matched < min_matched * lines:
+        return 0, False
+    if trailing_new == 0:
+        return min(starts[last + 1], len(source)), False
+    for i in range(last + 1, len(src)):
+        if src[i].strip() and not src[i - 1].strip() and not (code and src[i][0].isspace()):
+            while not src[i - 1].strip():  # from the blank lines before it
+                i -= 1
+            return starts[i], True
+    return len(source), True
 
 
 def skipped_head(source: str, answer: str, look: int = 3, min_lines: int = 2, min_ratio: float = 0.75) -> int:
