@@ -87,7 +87,14 @@ def of_llama(llm) -> Exactness:
     if missing:
         return Exactness(False, "this llama-cpp-python build lacks lookahead's patches "
                                 f"({', '.join(missing)}): build it with scripts/setup.sh")
-    if int(getattr(llm.model_params, "n_gpu_layers", 0) or 0) != 0 and _gpu_build():
+    offloaded = int(getattr(llm.model_params, "n_gpu_layers", 0) or 0) != 0
+    from .llama_cpp import rpc
+
+    if offloaded and rpc.registered():
+        return Exactness(False, "layers run on RPC servers, whose build and mode this process cannot see (a "
+                                "ggml-rpc-server from scripts/setup.sh, started with "
+                                f"{ENV}=1, computes batches as exactly as this process)")
+    if offloaded and _gpu_build():
         return Exactness(False, "layers run on a GPU: the exact mode covers llama.cpp's CPU kernels only")
     if int(getattr(llm.context_params, "flash_attn_type", 0)) != 0:
         return Exactness(False, "flash attention is on: llama.cpp's CPU flash attention takes other paths "

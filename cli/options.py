@@ -37,15 +37,40 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
         raise click.BadParameter(str(e), param_hint="--exact/--no-exact") from None
 
 
+RPC_HELP = ("Split the model across llama.cpp RPC servers (.venv/bin/ggml-rpc-server on each host, built by "
+            "scripts/setup.sh). Their devices are registered before the model loads, and "
+            "--gpu-layers then defaults to -1 (all layers on them). Each is reached first: one that is down is "
+            "an error naming it. The RPC server is unauthenticated: use it on a trusted network only.")
+RPC_META = "lookahead.rpc"
+
+
+def _rpc_endpoints(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--rpc: the endpoints, checked now (format, reachable); registered by llama_settings, when
+    the command is about to load its model."""
+    if not value:
+        return
+    from lookahead.adapters.llama_cpp import rpc
+
+    try:
+        endpoints = rpc.parse_endpoints(value)
+        for endpoint in endpoints:
+            rpc.check_reachable(endpoint)
+    except (ValueError, rpc.RpcError) as e:
+        raise click.BadParameter(str(e), param_hint="--rpc") from None
+    ctx.meta[RPC_META] = endpoints
+
+
 def model_options(tree_width: bool = True) -> Callable:
-    """--model, --n-ctx, --threads, --gpu-layers, --exact (and --tree-width), in this order in --help."""
+    """--model, --n-ctx, --threads, --gpu-layers, --rpc, --exact (and --tree-width), in this order in --help."""
     options = [
         model_option(),
         click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
                      help="Context window in tokens (prompt + output)."),
         click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP),
         click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
-                     help="Layers to offload to a GPU build of llama.cpp (-1: all)."),
+                     help="Layers to offload to a GPU build of llama.cpp or to --rpc servers (-1: all)."),
+        click.option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", default=None, expose_value=False,
+                     callback=_rpc_endpoints, help=RPC_HELP),
         click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
                      help=EXACT_HELP),
     ]
@@ -86,7 +111,19 @@ def resolve_model(model: str | Path | None) -> Path:
 
 
 def llama_settings(n_ctx: int, threads: int | None, gpu_layers: int) -> dict[str, Any]:
-    """llama_cpp.Llama keyword arguments for the model options (threads: None = its defaults)."""
+    """llama_cpp.Llama keyword arguments for the model options (threads: None = its defaults).
+    With --rpc, registers its servers first (the model loads next) and offloads every layer
+    unless --gpu-layers says how many."""
+    ctx = click.get_current_context(silent=True)
+    endpoints = ctx.meta.get(RPC_META) if ctx is not None else None
+    if endpoints:
+        from lookahead.adapters.llama_cpp import rpc
+
+        try:
+            rpc.register(endpoints)
+        except rpc.RpcError as e:
+            raise click.ClickException(str(e)) from None
+        gpu_layers = gpu_layers or -1
     settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=False)
     if threads is not None:
         settings.update(n_threads=threads, n_threads_batch=threads)

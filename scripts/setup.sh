@@ -11,8 +11,10 @@
 # build with AMX where it works. The source gets lookahead's patches to llama.cpp first
 # (adapters/patches: a batch kernel for Q4_1 weights, and the exact mode that makes batched
 # rows equal one-token rows, K-quants included);
-# LOOKAHEAD_NO_PATCHES=1 builds the stock source. Safe to run again: it only rebuilds when the
-# key (which covers the patches) changes.
+# LOOKAHEAD_NO_PATCHES=1 builds the stock source. llama.cpp's RPC backend is built in, and
+# .venv/bin/ggml-rpc-server from the same patched source (about a minute more), for models
+# split across hosts (README, "Beyond one machine"); LOOKAHEAD_RPC=0 leaves both out. Safe to
+# run again: it only rebuilds when the key (which covers the patches) changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -26,6 +28,12 @@ fi
 
 # ---- llama-cpp-python, built for this machine -------------------------------------------
 cmake_args="$("$PY" adapters/cmake_args.py) ${CMAKE_ARGS:-}"
+rpc=0
+case " $cmake_args " in *" -DGGML_RPC=ON "*|*" -DGGML_RPC=on "*) rpc=1 ;; esac
+if [ "${LOOKAHEAD_RPC:-1}" = 1 ] && [ $rpc = 0 ]; then
+    cmake_args="$cmake_args -DGGML_RPC=ON"
+    rpc=1
+fi
 cc_version="$( (${CC:-cc} --version 2>/dev/null || true) | head -n 1)"
 patches=()
 if [ "${LOOKAHEAD_NO_PATCHES:-0}" = 0 ]; then
@@ -67,11 +75,25 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
         # wheel built with other flags (e.g. -march=native).
         CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
             .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps "$tree" -w "$wheels.tmp"
+        if [ $rpc = 1 ]; then
+            # the RPC server, statically linked, from the same patched source and flags
+            echo "building ggml-rpc-server (a few minutes more)"
+            # shellcheck disable=SC2086
+            cmake -S "$tree/vendor/llama.cpp" -B "$src/rpc-build" $cmake_args -DBUILD_SHARED_LIBS=OFF \
+                -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+                -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+            cmake --build "$src/rpc-build" --target ggml-rpc-server -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+            cp "$src/rpc-build/bin/ggml-rpc-server" "$wheels.tmp/"
+        fi
         rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
         printf '%s\n' "$cmake_args" > "$wheels/CMAKE_ARGS"
         printf '%s\n' "${patches[@]}" > "$wheels/PATCHES"
     fi
     .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
+    rm -f .venv/bin/ggml-rpc-server
+    if [ -x "$wheels/ggml-rpc-server" ]; then
+        cp "$wheels/ggml-rpc-server" .venv/bin/
+    fi
     echo "$key" > "$stamp"
 fi
 

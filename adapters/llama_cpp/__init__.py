@@ -14,7 +14,8 @@ It drives the context of an existing `llama_cpp.Llama` directly:
 Modules: `wrapping` (wrap, load, enable_tree_drafts), `target` (LlamaCppTarget), `threads`
 (decode threads and contention), `prefix_states` (saved prompt prefixes, clear_kv_cache,
 prompt_cache_off), `chat` (chat completions), `state` (what is kept per Llama: LlamaState,
-state_of, the measurement cache), `backend` (the lazy import of llama_cpp: importing this
+state_of, the measurement cache), `rpc` (llama.cpp RPC servers, registered before a model
+loads), `backend` (the lazy import of llama_cpp: importing this
 package does not load it).
 """
 from .prefix_states import PrefixStates, clear_kv_cache, prompt_cache_off

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from lookahead.api import Lookahead
 from lookahead.drafter import CostModel
@@ -62,7 +62,8 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
 
 def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
          verbose: bool = False, speculate: bool = True, max_draft: int = 64, tree_width: int = 1,
-         threads: int | str = "auto", exact: bool | None = None, **llama_kwargs: Any) -> Lookahead:
+         threads: int | str = "auto", exact: bool | None = None, rpc: str | Sequence[str] | None = None,
+         **llama_kwargs: Any) -> Lookahead:
     """Load a model and wrap it: a name (`lookahead.models.MODELS`: "qwen2.5-coder-1.5b",
     "smollm2-135m"), a GGUF path, or None for $LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.
 
@@ -70,6 +71,9 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     decoding's token for token (lookahead.adapters.exact). None: the process's mode (on unless
     $LOOKAHEAD_EXACT_BATCHES=0). It is chosen once per process, before its first model.
     `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
+    `rpc`: llama.cpp RPC servers ("host:port", a list, or "h1:p1,h2:p2") to split the model
+    across (`adapters.llama_cpp.rpc`); they are registered first, and n_gpu_layers defaults
+    to -1 (every layer on them) unless given. A server that is down raises RpcError naming it.
     `tree_width` > 1 builds the context with that many sequences over a unified KV cache,
     so that drafts may branch where the index's occurrences disagree (each decode verifies
     up to `tree_width` branches; the cost model decides when a wider batch pays). A plain
@@ -80,6 +84,12 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     path = resolve(model_path)
     if exact is not None:
         exact_mode.set_for_process(bool(exact))
+    if rpc:
+        from .rpc import register
+
+        register(rpc)
+        if not llama_kwargs.get("n_gpu_layers"):
+            llama_kwargs["n_gpu_layers"] = -1
     llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:
         enable_tree_drafts(llm, tree_width)

@@ -1,0 +1,108 @@
+"""llama.cpp's RPC backend: remote `ggml-rpc-server` hosts registered as devices before a model
+loads, so that `n_gpu_layers` offloads layers to them.
+
+llama-cpp-python 0.3.36 has no RPC argument; this does what llama.cpp's own `--rpc` does
+(common/arg.cpp): find the "RPC" backend in ggml's registry, call its
+`ggml_backend_rpc_add_server` for each endpoint and register the backend it returns. The
+build must have RPC in it (scripts/setup.sh builds it in unless LOOKAHEAD_RPC=0). Each
+endpoint is first reached over TCP with a timeout, so a host that is down is an error naming
+it, not a hang.
+
+The RPC server is unauthenticated: keep it to a trusted network.
+"""
+from __future__ import annotations
+
+import ctypes
+import socket
+from pathlib import Path
+from typing import Sequence
+
+CONNECT_TIMEOUT_S = 3.0
+_registered: set[str] = set()  # endpoints this process has registered (ggml keeps them)
+
+
+class RpcError(RuntimeError):
+    """An RPC endpoint that is malformed, unreachable, or a build without RPC."""
+
+
+def parse_endpoints(spec: str | Sequence[str]) -> list[str]:
+    """"host:port,host:port" (or a list of them) as a list; a ValueError names a bad one."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        item = str(item).strip()
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"RPC endpoint {item!r} is not HOST:PORT (a port in 1..65535)")
+        out.append(f"{host}:{int(port)}")
+    if not out:
+        raise ValueError(f"no RPC endpoint in {spec!r}")
+    return out
+
+
+def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Open and close a TCP connection to `endpoint`; RpcError naming it if that fails."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise RpcError(f"RPC server {endpoint} is not reachable ({e}); start `ggml-rpc-server "
+                       f"--host HOST --port {port}` there, or check the address") from None
+
+
+def _ggml() -> ctypes.CDLL:
+    """libggml of the installed llama-cpp-python (loaded already by llama_cpp)."""
+    import llama_cpp
+
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (libdir / name).exists():
+            lib = ctypes.CDLL(str(libdir / name), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+            lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+            lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+            lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+            lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            lib.ggml_backend_register.restype = None
+            lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+            return lib
+    raise RpcError(f"no libggml found in {libdir}")
+
+
+def available() -> bool:
+    """Whether the installed llama.cpp build has the RPC backend."""
+    try:
+        return bool(_ggml().ggml_backend_reg_by_name(b"RPC"))
+    except (ImportError, OSError, RpcError):
+        return False
+
+
+def registered() -> list[str]:
+    """The endpoints this process has registered (ggml keeps them until it exits)."""
+    return sorted(_registered)
+
+
+def register(endpoints: str | Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
+    """Register each RPC server's devices with ggml (once per endpoint per process); returns
+    the endpoints. Call before the model loads, and load it with n_gpu_layers > 0."""
+    endpoints = parse_endpoints(endpoints)
+    for endpoint in endpoints:
+        check_reachable(endpoint, timeout)
+    lib = _ggml()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError("this llama-cpp-python build has no RPC backend; rebuild it with "
+                       "`bash scripts/setup.sh` (without LOOKAHEAD_RPC=0)")
+    add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    if not add:
+        raise RpcError("the RPC backend of this build has no ggml_backend_rpc_add_server")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
+    for endpoint in endpoints:
+        if endpoint in _registered:
+            continue
+        server_reg = add_server(endpoint.encode())
+        if not server_reg:
+            raise RpcError(f"RPC server {endpoint} did not answer as a ggml-rpc-server")
+        lib.ggml_backend_register(server_reg)
+        _registered.add(endpoint)
+    return endpoints

@@ -1,0 +1,115 @@
+"""llama.cpp's RPC backend: endpoints checked before anything loads, and, on a build with RPC
+(scripts/setup.sh builds both), the tiny model split across two local
+`ggml-rpc-server` processes and the CPU, greedy output with speculation equal to plain
+decoding on the same split.
+
+The split model runs in a child process: ggml keeps registered servers for the life of a
+process, and a later model load there would ask the stopped servers for their memory."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import SAMPLES
+from lookahead.adapters.llama_cpp import rpc
+
+SERVER = Path(sys.executable).parent / "ggml-rpc-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_endpoints_are_parsed_and_a_bad_one_is_named():
+    assert rpc.parse_endpoints("127.0.0.1:50052, hostb:7000") == ["127.0.0.1:50052", "hostb:7000"]
+    assert rpc.parse_endpoints(["a:1"]) == ["a:1"]
+    for bad in ("127.0.0.1", "host:", ":80", "host:70000", "host:http"):
+        with pytest.raises(ValueError, match="RPC endpoint"):
+            rpc.parse_endpoints(bad)
+
+
+def test_a_server_that_is_down_is_an_error_naming_it_not_a_hang():
+    endpoint = f"127.0.0.1:{free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(rpc.RpcError, match=f"RPC server {endpoint} is not reachable"):
+        rpc.check_reachable(endpoint, timeout=2.0)
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_cli_names_an_unreachable_rpc_server_before_loading_anything(tmp_path):
+    from lookahead.cli.main import main
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    (tmp_path / "a.txt").write_text("hello\n")
+    out = CliRunner().invoke(main, ["rewrite", str(tmp_path / "a.txt"), "-i", "Fix", "--rpc", endpoint])
+    assert out.exit_code == 2 and f"RPC server {endpoint} is not reachable" in out.output
+    assert (tmp_path / "a.txt").read_text() == "hello\n"
+    out = CliRunner().invoke(main, ["generate", "hi", "--rpc", "nohostport"])
+    assert out.exit_code == 2 and "'nohostport' is not HOST:PORT" in out.output
+
+
+CHILD = r"""
+import json, sys
+import lookahead
+from lookahead.models import resolve
+fast = lookahead.load(resolve("smollm2-135m"), n_ctx=1024, rpc=sys.argv[1].split(","), n_gpu_layers=int(sys.argv[2]))
+prompt = open(sys.argv[3]).read()
+plain = fast.create_completion(prompt, max_tokens=96, temperature=0, speculate=False)
+spec = fast.create_completion(prompt, max_tokens=96, temperature=0)
+print(json.dumps({"plain": plain["choices"][0]["text"], "spec": spec["choices"][0]["text"],
+                  "stats": spec["speculation"], "cost": fast.verify_cost_ms((1, 8))}))
+"""
+
+
+@pytest.fixture
+def two_servers():
+    if not SERVER.exists() or not rpc.available():
+        pytest.skip("this build has no RPC backend or ggml-rpc-server (scripts/setup.sh without LOOKAHEAD_RPC=0)")
+    ports = [free_port(), free_port()]
+    procs = [subprocess.Popen([str(SERVER), "-H", "127.0.0.1", "-p", str(p), "-t", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+             for p in ports]
+    try:
+        deadline = time.monotonic() + 30
+        for port in ports:
+            while True:
+                try:
+                    rpc.check_reachable(f"127.0.0.1:{port}", timeout=1.0)
+                    break
+                except rpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        yield [f"127.0.0.1:{p}" for p in ports], procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.model
+def test_a_model_split_across_two_rpc_servers_and_the_cpu_decodes_as_plain_does(two_servers, tmp_path):
+    endpoints, _ = two_servers
+    prompt = tmp_path / "prompt.txt"
+    source = (SAMPLES / "code" / "textutils.py").read_text()
+    prompt.write_text(source + "\n\n# The same file again, unchanged:\n\n" + source[:600])
+    # 30 layers: 20 on the two servers, 10 (and the output) on this process's CPU
+    out = subprocess.run([sys.executable, "-c", CHILD, ",".join(endpoints), "20", str(prompt)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["spec"] == result["plain"] != ""
+    stats = result["stats"]
+    assert stats["accepted"] > 20 and stats["tokens_per_pass"] > 1.5, stats
+    assert stats["exact"] is False and "RPC servers" in stats["exact_reason"]
+    assert set(result["cost"]) == {"1", "8"} or set(result["cost"]) == {1, 8}
