@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -62,7 +63,8 @@ CHILD = r"""
 import json, sys
 import lookahead
 from lookahead.models import resolve
-fast = lookahead.load(resolve("smollm2-135m"), n_ctx=1024, rpc=sys.argv[1].split(","), n_gpu_layers=int(sys.argv[2]))
+fast = lookahead.load(resolve("smollm2-135m"), n_ctx=1024, rpc=sys.argv[1].split(","), n_gpu_layers=int(sys.argv[2]),
+                      verbose=True)
 prompt = open(sys.argv[3]).read()
 plain = fast.create_completion(prompt, max_tokens=96, temperature=0, speculate=False)
 spec = fast.create_completion(prompt, max_tokens=96, temperature=0)
@@ -108,6 +110,9 @@ def test_a_model_split_across_two_rpc_servers_and_the_cpu_decodes_as_plain_does(
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    # the layers really are on the servers (llama.cpp's load log names each buffer's device)
+    for endpoint in endpoints:
+        assert re.search(rf"RPC\d+\[{re.escape(endpoint)}\]\S* model buffer size", out.stderr), out.stderr[-3000:]
     assert result["spec"] == result["plain"] != ""
     stats = result["stats"]
     assert stats["accepted"] > 20 and stats["tokens_per_pass"] > 1.5, stats

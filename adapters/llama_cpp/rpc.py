@@ -52,20 +52,29 @@ def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 
 
 def _ggml() -> ctypes.CDLL:
-    """libggml of the installed llama-cpp-python (loaded already by llama_cpp)."""
-    import llama_cpp
+    """The libggml that llama.cpp uses, with the registry calls typed.
+
+    llama-cpp-python's wheel holds copies, not links: libggml.so, libggml.so.0, ... Opening
+    another file than the one libllama loaded by its soname (libggml.so.0) would give a
+    second copy of ggml with a registry of its own, and the model would never see the
+    servers. So the soname is opened by name first (the loader hands back the loaded one)."""
+    import llama_cpp  # loads libllama and, through it, libggml
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
-        if (libdir / name).exists():
-            lib = ctypes.CDLL(str(libdir / name), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
-            lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-            lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-            lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-            lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-            lib.ggml_backend_register.restype = None
-            lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
-            return lib
+    candidates = ["libggml.so.0", str(libdir / "libggml.so.0"), str(libdir / "libggml.dylib"),
+                  str(libdir / "ggml.dll"), str(libdir / "libggml.so")]
+    for name in candidates:
+        try:
+            lib = ctypes.CDLL(name, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+        except OSError:
+            continue
+        lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+        lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.ggml_backend_register.restype = None
+        lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        return lib
     raise RpcError(f"no libggml found in {libdir}")
 
 
