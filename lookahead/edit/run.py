@@ -99,7 +99,8 @@ class Rewrite:
         if rest:
             yield rest
             emitted.append(rest)
-        result.finish_reason, warning = _ending(cleaner, finish, result, rest_line, ended_early=bool(rest))
+        result.finish_reason, warning = _ending(cleaner, finish, result, rest_line,
+                                                ended_early=bool(rest) and not cut_short)
         if warning:
             warnings.append(f"{where}: {warning}")
         if not emitted:
@@ -207,7 +208,7 @@ def _ending(cleaner: AnswerCleaner, finish: str | None, piece: PieceResult,
             rest_line: int | None, ended_early: bool = False) -> tuple[str, str | None]:
     """How a piece's request ended ("loop", "stop" or "length") and what to warn of, if anything."""
     kept = f"; from line {rest_line} on, the original text is kept" if rest_line is not None else ""
-    if ended_early and cleaner.stopped != "loop" and (cleaner.stopped is not None or finish == "stop"):
+    if ended_early:  # the answer ended by itself, and the source's rest was kept
         return "stop", f"the answer ended before the end of the text{kept}"
     if cleaner.stopped == "loop":
         block = " / ".join(l.strip() for l in cleaner.loop_block if l.strip())[:120]

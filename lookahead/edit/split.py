@@ -97,6 +97,31 @@ def _farthest_fit(text: str, start: int, cands: list[int], max_tokens: int,
     return best
 
 
+def _line_starts(lines: list[str]) -> list[int]:
+    """Character offset of each line of "\n".join(lines), and of the end."""
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    return starts
+
+
+def _matches(src: list[str], kept: str, window: int, min_ratio: float) -> list[int | None]:
+    """For each non-blank line of `kept` in order, the source line it matches (None: none):
+    equal or similar, at or after the previous match, within `window` lines of it."""
+    out: list[int | None] = []
+    cursor = 0  # first source line not yet matched
+    for line in kept.split("\n"):
+        target = line.strip()
+        if not target:
+            continue
+        j = next((j for j in range(cursor, min(len(src), cursor + window))
+                  if _similar(src[j].strip(), target, min_ratio)), None)
+        if j is not None:
+            cursor = j + 1
+        out.append(j)
+    return out
+
+
 def _similar(a: str, b: str, min_ratio: float) -> bool:
     """Equal, or alike by difflib's ratio (a line with a typo fixed is still the same line)."""
     return a == b or bool(a and b and difflib.SequenceMatcher(None, a, b).ratio() >= min_ratio)
@@ -126,29 +151,17 @@ def ended_offset(source: str, kept: str, code: bool = False, window: int = 40, m
     block: a top-level line after a blank one in code, a paragraph in prose (replaced = True).
     """
     src = source.split("\n")
-    starts = [0]
-    for line in src:
-        starts.append(starts[-1] + len(line) + 1)
-    cursor = lines = matched = 0
+    starts = _line_starts(src)
+    found = _matches(src, kept, window, min_ratio)
     prev = last = None  # source line of the previous answer line's match; of the last trusted one
     trailing_new = 0
-    for line in kept.split("\n"):
-        target = line.strip()
-        if not target:
-            continue
-        lines += 1
-        j = next((j for j in range(cursor, min(len(src), cursor + window)) if _similar(src[j].strip(), target, min_ratio)),
-                 None)
-        if j is None:
-            prev, trailing_new = None, trailing_new + 1
-            continue
-        matched += 1
-        cursor = j + 1
-        if prev is not None and all(not l.strip() for l in src[prev + 1 : j]):
+    for j in found:
+        if j is not None and prev is not None and all(not l.strip() for l in src[prev + 1 : j]):
             last, trailing_new = j, 0
         else:
             trailing_new += 1
         prev = j
+    lines, matched = len(found), sum(j is not None for j in found)
     if last is None or not lines or matched < min_matched * lines:
         return 0, False
     if trailing_new == 0:
@@ -176,9 +189,7 @@ def skipped_head(source: str, answer: str, look: int = 3, min_lines: int = 2, mi
     """
     src_lines = source.split("\n")
     stripped = [l.strip() for l in src_lines]
-    starts = [0]
-    for line in src_lines:
-        starts.append(starts[-1] + len(line) + 1)
+    starts = _line_starts(src_lines)
     before: list[str] = []  # answer lines before the one that decides (lines it added)
     for line in [l.strip() for l in answer.split("\n") if l.strip()][:look]:
         if stripped.count(line) == 1:
@@ -206,21 +217,8 @@ def resume_offset(source: str, kept: str, window: int = 40, min_ratio: float = 0
     the source, and appending the source's rest would repeat what it already said.
     """
     src_lines = source.split("\n")
-    starts = [0]
-    for line in src_lines:
-        starts.append(starts[-1] + len(line) + 1)
-    cursor = 0  # first source line not yet matched
-    lines = matched = 0
-    for line in kept.split("\n"):
-        target = line.strip()
-        if not target:
-            continue
-        lines += 1
-        for j in range(cursor, min(len(src_lines), cursor + window)):
-            if _similar(src_lines[j].strip(), target, min_ratio):
-                cursor = j + 1
-                matched += 1
-                break
-    if not lines or matched < min_matched * lines:
+    found = _matches(src_lines, kept, window, min_ratio)
+    matched = [j for j in found if j is not None]
+    if not found or len(matched) < min_matched * len(found):
         return 0
-    return min(starts[cursor], len(source))
+    return min(_line_starts(src_lines)[matched[-1] + 1], len(source))
