@@ -123,7 +123,7 @@ def llama_settings(n_ctx: int, threads: int | None, gpu_layers: int) -> dict[str
             rpc.register(endpoints)
         except rpc.RpcError as e:
             raise click.ClickException(str(e)) from None
-        gpu_layers = gpu_layers or -1
+        gpu_layers = rpc.offload_layers(gpu_layers)
     settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=False)
     if threads is not None:
         settings.update(n_threads=threads, n_threads_batch=threads)

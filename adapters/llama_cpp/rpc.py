@@ -13,6 +13,7 @@ The RPC server is unauthenticated: keep it to a trusted network.
 from __future__ import annotations
 
 import ctypes
+import functools
 import socket
 from pathlib import Path
 from typing import Sequence
@@ -51,6 +52,7 @@ def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
                        f"--host HOST --port {port}` there, or check the address") from None
 
 
+@functools.lru_cache(maxsize=1)
 def _ggml() -> ctypes.CDLL:
     """The libggml that llama.cpp uses, with the registry calls typed.
 
@@ -84,6 +86,11 @@ def available() -> bool:
         return bool(_ggml().ggml_backend_reg_by_name(b"RPC"))
     except (ImportError, OSError, RpcError):
         return False
+
+
+def offload_layers(n_gpu_layers: int | None) -> int:
+    """The n_gpu_layers of a model split over RPC servers: as given, else -1 (every layer)."""
+    return n_gpu_layers or -1
 
 
 def registered() -> list[str]:

@@ -85,11 +85,10 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     if exact is not None:
         exact_mode.set_for_process(bool(exact))
     if rpc:
-        from .rpc import register
+        from . import rpc as rpc_servers
 
-        register(rpc)
-        if not llama_kwargs.get("n_gpu_layers"):
-            llama_kwargs["n_gpu_layers"] = -1
+        rpc_servers.register(rpc)
+        llama_kwargs["n_gpu_layers"] = rpc_servers.offload_layers(llama_kwargs.get("n_gpu_layers"))
     llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:
         enable_tree_drafts(llm, tree_width)
