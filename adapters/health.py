@@ -28,6 +28,7 @@ from lookahead import cache
 from . import exact
 
 PROBE_SIZES = (1, 8, 64)
+RPC_ENV = "LOOKAHEAD_HEALTH_RPC"  # the child: RPC servers to register, every layer on them
 CACHE_KIND = "backend-health"
 
 
@@ -76,10 +77,13 @@ def library_path() -> Path:
 
 
 # lookahead's patches to llama.cpp (adapters/patches, applied by scripts/setup.sh), each known
-# by a name its code leaves in the CPU library's symbol table.
+# by a name its code leaves in the library it patches (the CPU backend, or the RPC one).
 Q4_1_KERNEL = "Q4_1 batch kernel"  # also leaves attention to the one-token kernels in exact mode
 K_QUANT_EXACT = "exact K-quant batches"  # Q4_K, Q5_K, Q6_K rows independent of the batch
-PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_small_window"}
+RPC_LOST = "RPC lost-server errors"  # a server that goes away is an error, not an abort
+PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_small_window",
+                 RPC_LOST: b"ggml_backend_rpc_lost"}
+PATCH_LIBRARIES = {RPC_LOST: "libggml-rpc*"}  # the others: "libggml-cpu*"
 EXACT_PATCHES = (Q4_1_KERNEL, K_QUANT_EXACT)  # what exact batches need (lookahead.adapters.exact)
 
 EXACT_BATCHES_ENV = exact.ENV
@@ -100,7 +104,7 @@ def build_patches(lib: Path | None = None) -> list[str]:
     lib = library_path() if lib is None else lib
     found = []
     for name, marker in PATCH_MARKERS.items():
-        for f in sorted(lib.glob("libggml-cpu*")) if lib.is_dir() else []:
+        for f in sorted(lib.glob(PATCH_LIBRARIES.get(name, "libggml-cpu*"))) if lib.is_dir() else []:
             try:
                 if f.is_file() and not f.is_symlink() and marker in f.read_bytes():
                     found.append(name)
@@ -149,6 +153,7 @@ class ProbeResult:
     # Rows of one batched decode against the same tokens decoded one at a time (see
     # `batch_parity`): {"rows", "identical", "max_logit_diff"}
     parity: dict[str, Any] = field(default_factory=dict)
+    rpc_devices: list[dict] = field(default_factory=list)  # with `rpc`: the servers' devices (rpc.devices)
     error: str = ""  # the tail of the child's stderr, or why it could not run
     cause: str = ""  # for a failure: what went wrong and how to fix it
 
@@ -157,17 +162,21 @@ class ProbeResult:
 
 
 def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 3, timeout: float = 300.0,
-          command: list[str] | None = None, extra_env: dict[str, str] | None = None) -> ProbeResult:
+          command: list[str] | None = None, extra_env: dict[str, str] | None = None,
+          rpc: list[str] | None = None) -> ProbeResult:
     """Run the batched-decode check in a child process and explain a failure.
 
     `command` replaces the child's command line (tests use it to simulate a crash);
-    `extra_env` is added to the child's environment (e.g. EXACT_BATCHES_ENV).
+    `extra_env` is added to the child's environment (e.g. EXACT_BATCHES_ENV); `rpc`: RPC
+    servers ("host:port") the child registers, with every layer offloaded to them.
     """
     cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
                       str(context_tokens), str(reps)]
     result = ProbeResult(ok=False, model=str(model_path))
     # The child's timings are for this report only: a short context, not the user's settings.
     env = {**os.environ, **(extra_env or {}), "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
+    if rpc:
+        env[RPC_ENV] = ",".join(rpc)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -187,6 +196,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
             result.threads = data.get("threads", {})
             result.model_desc = data.get("model_desc", "")
             result.parity = data.get("parity", {})
+            result.rpc_devices = data.get("rpc_devices", [])
     result.error = "\n".join(proc.stderr.strip().splitlines()[-5:])
     if proc.returncode < 0:
         try:
@@ -288,10 +298,14 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     stage("load")
     import llama_cpp
 
-    from lookahead.adapters.llama_cpp import LlamaCppTarget
+    from lookahead.adapters.llama_cpp import LlamaCppTarget, rpc
 
+    endpoints = [e for e in os.environ.get(RPC_ENV, "").split(",") if e]
+    if endpoints:
+        rpc.register(endpoints)
     n_ctx = context_tokens + max(PROBE_SIZES) + 16
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=0, verbose=False)
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=-1 if endpoints else 0,
+                          verbose=False)
     target = LlamaCppTarget(llm, threads="keep")
     n_vocab = target.n_vocab
     text = "The quick brown fox jumps over the lazy dog. " * (context_tokens // 8 + 1)
@@ -323,7 +337,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     stage("done")
     print(json.dumps({"timings_ms": {k: round(float(np.median(v)), 2) for k, v in timings.items() if v},
                       "threads": threads, "model_desc": llm._model.desc(), "context_tokens": context_tokens,
-                      "parity": parity}),
+                      "parity": parity, "rpc_devices": rpc.devices() if endpoints else []}),
           flush=True)
 
 

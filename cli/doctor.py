@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import dist_version, model_option, resolve_model
+from .options import dist_version, model_option, resolve_model, rpc_endpoints, rpc_option
 
 # The instruction sets that matter to llama.cpp on x86, as /proc/cpuinfo names them.
 CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
@@ -19,6 +19,8 @@ CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", 
               "$LOOKAHEAD_MODEL, else qwen2.5-coder-1.5b.")
 @click.option("--context", "context_tokens", type=click.IntRange(16, 4096), default=256, show_default=True,
               help="Tokens in the KV cache when the decode times are taken.")
+@rpc_option("Run the check with every layer on these llama.cpp RPC servers: lists their devices and "
+            "times t(1)/t(8)/t(64) through them (network round trips included).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 def doctor(model_path, context_tokens, as_json):
     """Check that llama.cpp runs batched decodes on this machine, and time them.
@@ -35,19 +37,22 @@ def doctor(model_path, context_tokens, as_json):
     The decodes run in a child process: a build
     that crashes on this CPU (e.g. AMX compiled in on a VM that faults on it) is reported with
     its cause and fix instead of killing lookahead. Exit code 1 when batched decodes fail.
+    With --rpc, the model's layers are on the RPC servers, so the curve is the one speculation
+    gets there.
     """
     from lookahead.adapters import health
 
     path = resolve_model(model_path)
     info = health.system_info()
     flags = health.cpu_flags()
-    result = health.probe(path, context_tokens=context_tokens)
+    endpoints = rpc_endpoints()
+    result = health.probe(path, context_tokens=context_tokens, rpc=endpoints)
     patches = health.build_patches()
     exact_on = health.exact_batches_requested()
     other = None
-    if result.ok and health.exact_batches_available():
+    if result.ok and health.exact_batches_available() and not endpoints:  # (the servers keep their own mode)
         # The other mode, for comparison: what exactness costs or what it gives.
-        other = health.probe(path, context_tokens=context_tokens,
+        other = health.probe(path, context_tokens=context_tokens, rpc=endpoints,
                              extra_env={health.EXACT_BATCHES_ENV: "0" if exact_on else "1"})
     report = {
         "lookahead": dist_version("lookahead"),
@@ -60,6 +65,7 @@ def doctor(model_path, context_tokens, as_json):
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
+        "rpc": {"endpoints": endpoints, "devices": result.rpc_devices} if endpoints else None,
         "check": result.to_dict(),
     }
     if as_json:
@@ -97,6 +103,13 @@ def _print(report: dict, result, other=None) -> None:
                         for n, ms in threads.get("one_token_ms", {}).items())
         echo(f"threads: llama-cpp-python defaults n_threads={threads['n_threads']} (one-token decodes), "
              f"n_threads_batch={threads['n_threads_batch']}; one-token decode at {one}")
+    if report["rpc"]:
+        devices = result.rpc_devices
+        echo(f"rpc: {len(report['rpc']['endpoints'])} server(s), every layer on them; devices: "
+             + ("; ".join(f"{d['name']} at {d['endpoint']} ({d['total_mib']} MiB, {d['free_mib']} MiB free)"
+                          for d in devices) or "(none listed: the check did not get that far)"))
+        echo("  the servers' own build and exact mode cannot be seen from here: start them with "
+             "LOOKAHEAD_EXACT_BATCHES=1 (the row check below runs through them)")
     echo(f"model: {result.model}" + (f" ({result.model_desc})" if result.model_desc else ""))
     if result.ok:
         t = result.timings_ms

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import click
 
+from lookahead.adapters.llama_cpp import rpc
 from lookahead.sampling import FRONT_END_DEFAULTS as DEFAULTS
 
 from .options import EXIT_INTERRUPTED, load_wrapped, model_options
@@ -162,7 +163,7 @@ def generate(prompt, prompt_file, mode, system, references, temperature, top_k, 
         else:
             chunks = (_completion_delta(c) for c in fast.create_completion(prompt, **kwargs))
         text, stats, finish = _consume(chunks, echo=not as_json)
-    except ValueError as e:
+    except (ValueError, rpc.RpcError) as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
@@ -269,6 +270,9 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
     except ValueError as e:
         progress.done()
         raise click.ClickException(str(e)) from None
+    except rpc.RpcError as e:  # a server lost mid-rewrite
+        progress.done()
+        raise click.ClickException(f"{e}{'' if destination is None else f'; {destination} left untouched'}") from None
     except KeyboardInterrupt:
         rw.close()
         progress.done()

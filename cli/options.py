@@ -60,6 +60,18 @@ def _rpc_endpoints(ctx: click.Context, param: click.Parameter, value: str | None
     ctx.meta[RPC_META] = endpoints
 
 
+def rpc_option(help: str = RPC_HELP) -> Callable:
+    """--rpc HOST:PORT[,...]: checked while parsing; `rpc_endpoints()` gives the endpoints."""
+    return click.option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", default=None, expose_value=False,
+                        callback=_rpc_endpoints, help=help)
+
+
+def rpc_endpoints() -> list[str]:
+    """The endpoints --rpc gave this command (checked reachable), or []."""
+    ctx = click.get_current_context(silent=True)
+    return list(ctx.meta.get(RPC_META) or []) if ctx is not None else []
+
+
 def model_options(tree_width: bool = True) -> Callable:
     """--model, --n-ctx, --threads, --gpu-layers, --rpc, --exact (and --tree-width), in this order in --help."""
     options = [
@@ -69,8 +81,7 @@ def model_options(tree_width: bool = True) -> Callable:
         click.option("--threads", type=click.IntRange(min=1), default=None, help=THREADS_HELP),
         click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
                      help="Layers to offload to a GPU build of llama.cpp or to --rpc servers (-1: all)."),
-        click.option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", default=None, expose_value=False,
-                     callback=_rpc_endpoints, help=RPC_HELP),
+        rpc_option(),
         click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
                      help=EXACT_HELP),
     ]
@@ -114,8 +125,7 @@ def llama_settings(n_ctx: int, threads: int | None, gpu_layers: int) -> dict[str
     """llama_cpp.Llama keyword arguments for the model options (threads: None = its defaults).
     With --rpc, registers its servers first (the model loads next) and offloads every layer
     unless --gpu-layers says how many."""
-    ctx = click.get_current_context(silent=True)
-    endpoints = ctx.meta.get(RPC_META) if ctx is not None else None
+    endpoints = rpc_endpoints()
     if endpoints:
         from lookahead.adapters.llama_cpp import rpc
 

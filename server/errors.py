@@ -5,6 +5,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from lookahead.adapters.llama_cpp.rpc import RpcServerLost
+
 from .protocol import APIError
 
 
@@ -17,6 +19,8 @@ def library_error(e: Exception, n_ctx: int) -> APIError:
         return APIError(400, f"{message}: this server's context holds {n_ctx} tokens (prompt and completion); "
                              "shorten the prompt or restart the server with a larger --n-ctx",
                         code="context_length_exceeded")
+    if isinstance(e, RpcServerLost):  # every request fails the same way until a restart
+        return APIError(503, message, type="server_error", code="rpc_server_lost")
     if isinstance(e, (ValueError, TypeError)):
         return APIError(400, message or type(e).__name__)
     return APIError(500, f"internal error: {type(e).__name__}: {message}", type="server_error")

@@ -26,6 +26,11 @@ class RpcError(RuntimeError):
     """An RPC endpoint that is malformed, unreachable, or a build without RPC."""
 
 
+class RpcServerLost(RpcError):
+    """A registered RPC server went away: the layers it held are gone until the model is
+    loaded again (with the server back)."""
+
+
 def parse_endpoints(spec: str | Sequence[str]) -> list[str]:
     """"host:port,host:port" (or a list of them) as a list; a ValueError names a bad one."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
@@ -76,6 +81,15 @@ def _ggml() -> ctypes.CDLL:
         lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.ggml_backend_register.restype = None
         lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(lib, name).restype = ctypes.c_char_p
+            getattr(lib, name).argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_memory.restype = None
+        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                ctypes.POINTER(ctypes.c_size_t)]
         return lib
     raise RpcError(f"no libggml found in {libdir}")
 
@@ -91,6 +105,69 @@ def available() -> bool:
 def offload_layers(n_gpu_layers: int | None) -> int:
     """The n_gpu_layers of a model split over RPC servers: as given, else -1 (every layer)."""
     return n_gpu_layers or -1
+
+
+def lost() -> tuple[int, str]:
+    """(RPC connections lost in this process, the first one's endpoint).
+
+    lookahead's patch to llama.cpp (adapters/patches/ggml-rpc-lost-server.patch) marks a
+    connection that fails as lost instead of aborting the process; a build without it, or
+    without RPC, gives (0, "")."""
+    fn = _lost_fn()
+    if fn is None:
+        return 0, ""
+    buf = ctypes.create_string_buffer(256)
+    return int(fn(buf, len(buf))), buf.value.decode(errors="replace")
+
+
+@functools.lru_cache(maxsize=1)
+def _lost_fn():
+    try:
+        lib = _ggml()
+    except (ImportError, OSError, RpcError):
+        return None
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = reg and lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_lost")
+    if not address:
+        return None
+    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)(address)
+
+
+class LossWatch:
+    """Raises RpcServerLost once a connection is lost after this watch began (see `lost`).
+
+    Check after a decode's outputs are synchronised (llama_get_logits) and before they are
+    read: on a lost connection they are zeros, not the model's."""
+
+    def __init__(self):
+        self.since = lost()[0]
+        self._reported = False  # a later request fails at once, saying the loss came earlier
+
+    def check(self) -> None:
+        count, endpoint = lost()
+        if count > self.since:
+            when = "during an earlier request" if self._reported else "during this request"
+            self._reported = True
+            raise RpcServerLost(f"RPC server {endpoint or '(unknown)'} went away {when}; the layers it held "
+                                "are gone. Restart it, then load the model again (restart `lookahead serve`, "
+                                "or rerun the command)")
+
+
+def devices() -> list[dict]:
+    """The registered RPC servers' devices, as ggml lists them: name (RPC0, RPC1, ...),
+    endpoint, and the memory each server reports (MiB). Asks each server for its memory."""
+    lib = _ggml()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        name = (lib.ggml_backend_dev_name(dev) or b"").decode()
+        if not name.startswith("RPC"):
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({"name": name, "endpoint": (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                    "free_mib": free.value >> 20, "total_mib": total.value >> 20})
+    return out
 
 
 def registered() -> list[str]:

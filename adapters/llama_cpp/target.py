@@ -12,6 +12,7 @@ from lookahead.sequences import agreeing_prefix
 from .. import exact
 from .backend import lib
 from .chat import chat_completion
+from . import rpc
 from .prefix_states import PrefixStates, prompt_cache_off
 from .state import Measurements, state_of
 from .threads import CONTENDED_BATCH_FACTOR, DecodeThreads
@@ -61,6 +62,8 @@ class LlamaCppTarget:
         self._threads = DecodeThreads(llm, self._ctx, threads, self.measurements, llama)
         self._saved_observations = 0  # the cost curve's observation count when last saved
         self._exactness = exact.of_llama(llm)
+        # a layer on an RPC server that goes away: an error, never a token from zeroed logits
+        self._rpc = rpc.LossWatch() if rpc.registered() else None
 
     def __del__(self):
         batch = getattr(self, "_batch", None)
@@ -113,7 +116,18 @@ class LlamaCppTarget:
 
     def plain_completion(self, **kwargs: Any):
         """The Llama's own create_completion (for arguments the engine does not implement)."""
-        return self.llm.create_completion(**kwargs)
+        result = self.llm.create_completion(**kwargs)
+        if self._rpc is None:
+            return result
+        if isinstance(result, dict):
+            self._rpc.check()
+            return result
+        return self._rpc_checked(result)
+
+    def _rpc_checked(self, chunks):
+        for chunk in chunks:
+            self._rpc.check()  # the chunk's token came from a decode that has synchronised
+            yield chunk
 
     @property
     def contended(self) -> bool:
@@ -212,7 +226,9 @@ class LlamaCppTarget:
         else:
             self._decode()
         self.n_past += n
-        ptr = self._lib.llama_get_logits(self._ctx)
+        ptr = self._lib.llama_get_logits(self._ctx)  # waits for the decode's outputs
+        if self._rpc is not None:
+            self._rpc.check()
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))  # [n_logits, n_vocab], a view
 
     def decode_tree(self, root: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
@@ -261,7 +277,9 @@ class LlamaCppTarget:
             batch.logits[i] = True
         self._tree = (base, seqs)
         self._decode()
-        ptr = self._lib.llama_get_logits(self._ctx)
+        ptr = self._lib.llama_get_logits(self._ctx)  # waits for the decode's outputs
+        if self._rpc is not None:
+            self._rpc.check()
         return np.ctypeslib.as_array(ptr, shape=(n + 1, self.n_vocab))
 
     def keep_path(self, path: Sequence[int]) -> None:
@@ -342,6 +360,8 @@ class LlamaCppTarget:
             c0, t0 = time.process_time(), time.perf_counter()
         rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
+            if self._rpc is not None:
+                self._rpc.check()
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
         if threads > 1:
             self._threads.watch(time.perf_counter() - t0, time.process_time() - c0, threads, n_tokens, self.n_past)
