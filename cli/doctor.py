@@ -52,7 +52,7 @@ def doctor(model_path, context_tokens, as_json):
     other = None
     if result.ok and health.exact_batches_available() and not endpoints:  # (the servers keep their own mode)
         # The other mode, for comparison: what exactness costs or what it gives.
-        other = health.probe(path, context_tokens=context_tokens, rpc=endpoints,
+        other = health.probe(path, context_tokens=context_tokens,
                              extra_env={health.EXACT_BATCHES_ENV: "0" if exact_on else "1"})
     report = {
         "lookahead": dist_version("lookahead"),

@@ -251,7 +251,7 @@ def rewrite(file, instruction, output, in_place, force, temperature, top_k, top_
     try:
         rw = edit.rewrite(fast, text, instruction, filename=file.name, max_tokens=max_tokens, on_piece=on_piece,
                           **kwargs)
-    except ValueError as e:
+    except (ValueError, rpc.RpcError) as e:
         raise click.ClickException(str(e)) from None
     n_doc = fast.count_tokens(text)
     parts = f", {len(rw.plan)} parts" if len(rw.plan) > 1 else ""

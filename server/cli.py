@@ -108,7 +108,10 @@ def serve(host, port, api_key, model_path, model_name, n_ctx, threads, gpu_layer
     model_id = model_name or model_id_for(path)
     if warmup:
         t0 = time.perf_counter()
-        fast.create_completion("Warm-up: one two three one two three", max_tokens=4, temperature=0.0)
+        try:
+            fast.create_completion("Warm-up: one two three one two three", max_tokens=4, temperature=0.0)
+        except RuntimeError as e:  # e.g. an RPC server lost already: say so, not a traceback
+            raise click.ClickException(f"the warm-up request failed: {e}") from None
         click.echo(f"warm-up: {time.perf_counter() - t0:.1f} s", err=True)
     config = ServerConfig(
         model_id=model_id, aliases=(path.name, str(path)), api_key=api_key, max_queue=max_queue,

@@ -45,10 +45,14 @@ class ServerState:
         self.n_vocab = int(fast.n_vocab)
         self.model_names = {config.model_id, *config.aliases}
         self.decoder = Decoder(config.max_queue, self.error_of)
+        self.unavailable: str | None = None  # why every request now fails (a lost RPC server)
 
     def error_of(self, e: Exception) -> APIError:
         """The OpenAI error for an exception raised while a request runs."""
-        return library_error(e, self.n_ctx)
+        error = library_error(e, self.n_ctx)
+        if error.status == 503:
+            self.unavailable = error.message
+        return error
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` by the wrapper's one rule (`Lookahead.count_tokens`)."""

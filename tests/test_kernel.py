@@ -202,5 +202,6 @@ def test_build_patches_reads_the_marker(tmp_path):
     (tmp_path / "libggml-rpc.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.RPC_LOST])
     assert health.build_patches(tmp_path) == list(health.PATCH_MARKERS)
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")
+    (tmp_path / "libggml-rpc.so").write_bytes(b"\0ELF stock")
     assert health.build_patches(tmp_path) == []
     assert health.build_patches(tmp_path / "missing") == []

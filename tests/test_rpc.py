@@ -79,7 +79,8 @@ def two_servers():
         pytest.skip("this build has no RPC backend or ggml-rpc-server (scripts/setup.sh without LOOKAHEAD_RPC=0)")
     ports = [free_port(), free_port()]
     procs = [subprocess.Popen([str(SERVER), "-H", "127.0.0.1", "-p", str(p), "-t", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=dict(os.environ, LOOKAHEAD_EXACT_BATCHES="1"))  # the servers exact too
              for p in ports]
     try:
         deadline = time.monotonic() + 30
@@ -163,11 +164,53 @@ def test_a_server_killed_mid_request_is_an_error_naming_it_and_the_process_lives
     assert f"RPC server {endpoints[1]} went away during an earlier request" in result["next"], result
 
 
-def test_the_server_answers_a_lost_rpc_server_with_503():
-    from lookahead.server.errors import library_error
+@pytest.mark.model
+def test_serve_answers_503_after_a_server_is_lost_and_keeps_running(two_servers, tmp_path):
+    """`lookahead serve --rpc`: one server killed between requests; the next request is a 503
+    naming it, /health says so, and the process still answers (and stops on Ctrl-C)."""
+    import signal
 
-    error = library_error(rpc.RpcServerLost("RPC server 10.0.0.2:50052 went away during this request"), 1024)
-    assert error.status == 503 and error.code == "rpc_server_lost" and "10.0.0.2:50052" in error.message
+    import httpx
+
+    endpoints, procs = two_servers
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        serve = subprocess.Popen([str(Path(sys.executable).parent / "lookahead"), "serve", "--model", "smollm2-135m",
+                                  "--port", str(port), "--n-ctx", "1024", "--rpc", ",".join(endpoints),
+                                  "--gpu-layers", "20", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    body = {"prompt": "One, two, three, four,", "max_tokens": 8, "temperature": 0}
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert serve.poll() is None, log_path.read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.3)
+        assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+        procs[0].kill()
+        procs[0].wait()
+        for when in ("during this request", "during an earlier request"):
+            r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["code"] == "rpc_server_lost" and f"RPC server {endpoints[0]} went away {when}" in error["message"]
+        h = httpx.get(url + "/health", timeout=10)
+        assert h.status_code == 503 and h.json()["status"] == "unavailable" and endpoints[0] in h.json()["error"]
+        assert serve.poll() is None  # alive
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            returncode = serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            returncode = serve.wait()
+    assert returncode == 0, log_path.read_text()[-3000:]
 
 
 @pytest.mark.model

@@ -116,18 +116,26 @@ class LlamaCppTarget:
 
     def plain_completion(self, **kwargs: Any):
         """The Llama's own create_completion (for arguments the engine does not implement)."""
-        result = self.llm.create_completion(**kwargs)
         if self._rpc is None:
-            return result
+            return self.llm.create_completion(**kwargs)
+        try:
+            result = self.llm.create_completion(**kwargs)
+        except Exception:
+            self._rpc.check()  # llama-cpp-python's "llama_decode returned -3": say why
+            raise
         if isinstance(result, dict):
             self._rpc.check()
             return result
         return self._rpc_checked(result)
 
     def _rpc_checked(self, chunks):
-        for chunk in chunks:
-            self._rpc.check()  # the chunk's token came from a decode that has synchronised
-            yield chunk
+        try:
+            for chunk in chunks:
+                self._rpc.check()  # the chunk's token came from a decode that has synchronised
+                yield chunk
+        except Exception:
+            self._rpc.check()
+            raise
 
     @property
     def contended(self) -> bool:
