@@ -10,8 +10,14 @@ was shown (copy), the other is open prose (open). Prints one JSON line per round
 prompt: decode tokens/s of each, the speedup, tokens per pass, and the cost curve measured
 through the relays.
 
+With `--bench FILE` (repeatable) it runs `lookahead bench FILE --json` instead, through the
+same relays (plain and lookahead only; `--bench-arg` passes more options, e.g. `--limit 1`),
+and prints each category's speedups.
+
     .venv/bin/python samples/examples/rpc_latency.py                    # tiny model, no RPC, 0/1/5/20 ms
     .venv/bin/python samples/examples/rpc_latency.py --rtt-ms 5 --model qwen2.5-coder-1.5b --layers 20
+    .venv/bin/python samples/examples/rpc_latency.py --model qwen2.5-coder-1.5b --layers -1 \
+        --rtt-ms -1 --rtt-ms 5 --bench samples/workloads.jsonl --bench-arg=--limit=1
 """
 from __future__ import annotations
 
@@ -99,6 +105,31 @@ print(json.dumps({"cost_ms": fast.verify_cost_ms((1, 8, 64))}), flush=True)
 """
 
 
+def run_bench(path: str, endpoints: str, args: argparse.Namespace, env: dict) -> list[dict]:
+    """`lookahead bench PATH --json` through `endpoints` (none: no RPC); one dict per category."""
+    cmd = [sys.executable, "-m", "lookahead.cli.main", "bench", path, "--json", "--model", args.model,
+           "--reps", str(args.reps), "--methods", "plain", "--methods", "lookahead", *args.bench_arg]
+    cmd += ["--rpc", endpoints, "--gpu-layers", str(args.layers)] if endpoints else []
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    data = json.loads(out.stdout)
+    if args.save:  # everything the bench printed (texts, per-run timings), for reading later
+        args.save.mkdir(parents=True, exist_ok=True)
+        rtt = endpoints and args.current_rtt
+        (args.save / f"{Path(path).stem}-rtt{rtt if endpoints else 'none'}.json").write_text(out.stdout)
+    if data.get("config", {}).get("mode") == "rewrite":
+        rows = [dict(s, temperature=r["temperature"]) for r in data["results"] for s in r["summary"]]
+        return [{"bench": "rewrite", "category": r["category"], "temperature": r["temperature"], "n": r["n"],
+                 "speedup": round(r["speedup"], 2), "decode_speedup": round(r["decode_speedup"], 2),
+                 "identical": f"{r['identical_to_plain']}/{r['n']}"} for r in rows]
+    return [{"bench": "workloads", "category": r["category"], "temperature": r["temperature"], "n": r["n"],
+             "speedup": r["speedup"].get("lookahead"), "decode_speedup": r["decode_speedup"].get("lookahead"),
+             "tokens_per_pass": ((r.get("speculation") or {}).get("lookahead") or {}).get("tokens_per_pass"),
+             "identical": "{identical}/{of}".format(**r["identical"]["lookahead"]) if r.get("identical") else None}
+            for r in data["summary"]]
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "relay":
         listen, target, one_way_ms = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
@@ -110,6 +141,14 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--layers", type=int, default=20, help="layers on the servers (-1: all)")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--server-threads", type=int, default=1,
+                    help="threads of each ggml-rpc-server (they compute in turn, one layer range each)")
+    ap.add_argument("--bench", action="append", default=[], metavar="FILE",
+                    help="run `lookahead bench FILE` (workloads or rewrite items) instead of the two prompts")
+    ap.add_argument("--bench-arg", action="append", default=[], metavar="OPTION",
+                    help="more options for `lookahead bench` (repeatable), e.g. --bench-arg=--limit=1")
+    ap.add_argument("--save", type=Path, default=None, metavar="DIR",
+                    help="with --bench: keep each run's whole JSON in DIR")
     args = ap.parse_args()
     if not SERVER.exists():
         sys.exit(f"no {SERVER}: build it with scripts/setup.sh")
@@ -117,16 +156,22 @@ def main() -> None:
     procs = []
     try:
         ports = [free_port(), free_port()]
-        procs += [subprocess.Popen([str(SERVER), "-H", "127.0.0.1", "-p", str(p), "-t", "1"], env=env,
+        procs += [subprocess.Popen([str(SERVER), "-H", "127.0.0.1", "-p", str(p), "-t", str(args.server_threads)], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in ports]
         time.sleep(1.0)
         for rtt in args.rtt_ms or [-1.0, 0.0, 1.0, 5.0, 20.0]:
+            args.current_rtt = rtt
             relays = [(free_port(), p) for p in ports] if rtt >= 0 else []
             rprocs = [subprocess.Popen([sys.executable, __file__, "relay", str(lp), str(tp), str(rtt / 2)])
                       for lp, tp in relays]
             time.sleep(1.0)
             try:
                 endpoints = ",".join(f"127.0.0.1:{lp}" for lp, _ in relays)
+                if args.bench:
+                    for path in args.bench:
+                        for row in run_bench(path, endpoints, args, env):
+                            print(json.dumps({"rtt_ms": rtt, **row}), flush=True)
+                    continue
                 out = subprocess.run([sys.executable, "-c", CHILD, endpoints, args.model, str(args.layers),
                                       str(args.reps), str(HERE.parent / "code" / "textutils.py")],
                                      capture_output=True, text=True, env=env, timeout=3600)
