@@ -15,9 +15,10 @@ Methods:
                  `lookahead.adapters.llama_cpp`);
 * prompt-lookup  llama-cpp-python's built-in LlamaPromptLookupDecoding (a second Llama built
                  with `draft_model=`; same model file, n_ctx and threads);
-* server-*       with --llama-server PATH: llama.cpp's server, plain and with its n-gram
-                 speculation (see `LlamaServer`). Run here with a llama-server built from the
-                 llama.cpp vendored in llama-cpp-python 0.3.36's sdist (no CI test: no binary).
+* server-*       with --llama-server PATH: llama.cpp's server, plain and in each of its
+                 speculation modes (methods.SERVER_SPEC_MODES: ngram-simple, ngram-map-k,
+                 ngram-mod, --spec-default; see `LlamaServer`). scripts/llama-server.sh builds
+                 one from current llama.cpp (no CI test: CI builds no binary).
 
 With --serve / --server the methods are instead http-plain, http-lookahead and
 http-prediction, through `lookahead serve`'s HTTP API (see `http`).

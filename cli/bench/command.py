@@ -9,7 +9,7 @@ import click
 from click.core import ParameterSource
 
 from ..options import EXIT_INTERRUPTED, llama_settings, model_options, resolve_model
-from .methods import DEFAULT_METHODS, LOCAL_METHODS, SERVER_SPEC_TYPES, method_order
+from .methods import DEFAULT_METHODS, LOCAL_METHODS, SERVER_SPEC_MODES, method_order
 from .plot import plot, require_matplotlib
 from .quant import QUANT_FORMATS, compare_formats, format_formats, quantized_model
 from .rewrite import bench_rewrites, format_rewrites, is_rewrite_file, load_rewrites
@@ -33,8 +33,8 @@ from .workloads import load_workloads
 @click.option("--pld-tokens", type=click.IntRange(min=1), default=10, show_default=True,
               help="Draft length of llama-cpp-python's LlamaPromptLookupDecoding (num_pred_tokens).")
 @click.option("--llama-server", "llama_server", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="llama.cpp's llama-server binary: also time it plain and with "
-                                 f"--spec-type {' / '.join(SERVER_SPEC_TYPES)}.")
+              default=None, help="llama.cpp's llama-server binary (scripts/llama-server.sh builds one): also "
+                                 f"time it plain and in each speculation mode: {', '.join(SERVER_SPEC_MODES)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with everything instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: speedups, acceptance, inter-token latency histograms (needs matplotlib).")

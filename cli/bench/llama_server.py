@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import click
 
@@ -81,22 +81,22 @@ class ServerProcess:
 
 
 class LlamaServer(ServerProcess):
-    """One llama-server process on 127.0.0.1, plain or with one --spec-type.
+    """One llama-server process on 127.0.0.1, plain or with speculation arguments.
 
-    Uses llama.cpp's server API (/health, /completion, /v1/chat/completions, `cache_prompt`,
-    `--spec-type`); run by hand against a llama-server built from the llama.cpp vendored in
-    llama-cpp-python 0.3.36 (CI has no binary, so no test runs this class). Prompt caching is switched off per request (`cache_prompt: false`), so every call pays its
+    Uses llama.cpp's server API (/health, /completion, /v1/chat/completions, `cache_prompt`);
+    `spec_args` are its speculation options (methods.SERVER_SPEC_MODES). Run by hand against the
+    llama-server scripts/llama-server.sh builds (CI has none, so no test starts one). Prompt
+    caching is switched off per request (`cache_prompt: false`), so every call pays its
     prefill, as the local methods do. Requests do not stream: no latencies for the plot.
     """
 
     def __init__(self, binary: Path, model_path: Path, n_ctx: int, threads: int, gpu_layers: int,
-                 spec_type: str | None):
+                 spec_args: Sequence[str] = ()):
         self.port = free_port()
-        self.spec_type = spec_type
+        self.spec_args = tuple(spec_args)
         args = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(n_ctx), "-t", str(threads), "-ngl", str(gpu_layers)]
-        if spec_type:
-            args += ["--spec-type", spec_type]
+                "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "-ngl", str(gpu_layers),
+                *self.spec_args]
         self.args = args
         self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)

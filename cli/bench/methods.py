@@ -8,8 +8,13 @@ PROMPT_LOOKUP = "prompt-lookup"
 LOCAL_METHODS = (PLAIN, LOOKAHEAD, NO_DRAFT, PROMPT_LOOKUP)
 DEFAULT_METHODS = (PLAIN, LOOKAHEAD, PROMPT_LOOKUP)
 SERVER_PLAIN = "server-plain"
-SERVER_SPEC_TYPES = ("ngram-simple", "ngram-mod")  # llama-server --spec-type values
-SERVER_METHODS = (SERVER_PLAIN, *(f"server-{s}" for s in SERVER_SPEC_TYPES))
+# llama-server's own speculation (llama.cpp b11434, scripts/llama-server.sh): each mode and its
+# command-line arguments; the method is "server-" + the mode.
+SERVER_SPEC_MODES = {"ngram-simple": ("--spec-type", "ngram-simple"),
+                     "ngram-map-k": ("--spec-type", "ngram-map-k"),
+                     "ngram-mod": ("--spec-type", "ngram-mod"),
+                     "spec-default": ("--spec-default",)}
+SERVER_METHODS = (SERVER_PLAIN, *(f"server-{s}" for s in SERVER_SPEC_MODES))
 PREFIX_CACHE_POLICY = "cleared before every timed call: every method pays its whole prompt prefill"
 WARMUP_TOKENS = 4
 

@@ -17,7 +17,7 @@ from ..options import dist_version
 from .llama_server import LlamaServer
 from .local import LocalMethods
 from .measures import prompt_text, repeat_share, rotated, workload_seed
-from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_TYPES, WARMUP_TOKENS
+from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_MODES, WARMUP_TOKENS
 from .summary import Run, summarise
 
 SPEEDUP_BASIS = ("median wall time at temperature 0 (for a text that differs from plain's: its time to the first "
@@ -51,8 +51,8 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         runners: dict[str, Callable[..., Run]] = {m: local.run for m in methods}
         if llama_server is not None:
             threads = llama.get("n_threads") or os.cpu_count() or 1
-            for spec_type, method in zip((None, *SERVER_SPEC_TYPES), SERVER_METHODS):
-                server = LlamaServer(llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"], spec_type)
+            for spec_args, method in zip(((), *SERVER_SPEC_MODES.values()), SERVER_METHODS):
+                server = LlamaServer(llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"], spec_args)
                 stack.callback(server.close)
                 server.wait_ready()
                 runners[method] = server.run
