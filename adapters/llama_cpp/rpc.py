@@ -20,6 +20,9 @@ from typing import Sequence
 
 CONNECT_TIMEOUT_S = 3.0
 _registered: set[str] = set()  # endpoints this process has registered (ggml keeps them)
+# The output layer's weights, by llama.cpp's tensor names (token_embd: tied embeddings, where
+# the input embedding doubles as the output layer). See `keep_output_layer_here`.
+OUTPUT_LAYER_PATTERNS = (rb"^output\.weight$", rb"^token_embd\.weight$")
 
 
 class RpcError(RuntimeError):
@@ -107,6 +110,39 @@ def offload_layers(n_gpu_layers: int | None) -> int:
     return n_gpu_layers or -1
 
 
+class _BuftOverride(ctypes.Structure):  # llama.h: struct llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def keep_output_layer_here() -> None:
+    """Make every model loaded from now on in this process keep its output layer on this
+    host's CPU, however many layers go to the RPC servers.
+
+    Each row a pass decodes comes back as logits: 4 bytes per vocabulary entry (600 KB a row
+    for a 152k vocabulary), so with the output layer on a server a 64-token draft would
+    cross the network as 39 MB. Computed here, a row crosses as one hidden state (6 KB for a
+    1536-wide model). llama-cpp-python 0.3.36 has no argument for llama.cpp's tensor
+    overrides (`--override-tensor`), so the model parameters it starts from get them."""
+    import llama_cpp.llama_cpp as low
+
+    if getattr(low.llama_model_default_params, "lookahead_overrides", None) is not None:
+        return
+    cpu = ctypes.CDLL("libggml-cpu.so.0", mode=getattr(ctypes, "RTLD_GLOBAL", 0))  # the loaded copy
+    cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    overrides = (_BuftOverride * (len(OUTPUT_LAYER_PATTERNS) + 1))()  # NULL-terminated
+    for slot, pattern in zip(overrides, OUTPUT_LAYER_PATTERNS):
+        slot.pattern, slot.buft = pattern, cpu.ggml_backend_cpu_buffer_type()
+    defaults = low.llama_model_default_params
+
+    def with_overrides():
+        params = defaults()
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
+        return params
+
+    with_overrides.lookahead_overrides = overrides  # kept alive with the function
+    low.llama_model_default_params = with_overrides
+
+
 def lost() -> tuple[int, str]:
     """(RPC connections lost in this process, the first one's endpoint).
 
@@ -176,8 +212,9 @@ def registered() -> list[str]:
 
 
 def register(endpoints: str | Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
-    """Register each RPC server's devices with ggml (once per endpoint per process); returns
-    the endpoints. Call before the model loads, and load it with n_gpu_layers > 0."""
+    """Register each RPC server's devices with ggml (once per endpoint per process), and keep
+    the output layer of models loaded later here (`keep_output_layer_here`); returns the
+    endpoints. Call before the model loads, and load it with n_gpu_layers > 0."""
     endpoints = parse_endpoints(endpoints)
     for endpoint in endpoints:
         check_reachable(endpoint, timeout)
@@ -198,4 +235,5 @@ def register(endpoints: str | Sequence[str], timeout: float = CONNECT_TIMEOUT_S)
             raise RpcError(f"RPC server {endpoint} did not answer as a ggml-rpc-server")
         lib.ggml_backend_register(server_reg)
         _registered.add(endpoint)
+    keep_output_layer_here()
     return endpoints
