@@ -100,12 +100,18 @@ def two_servers():
             proc.wait()
 
 
+def copy_prompt(folder: Path, head_chars: int) -> Path:
+    """A prompt whose continuation copies a file it holds (drafts are accepted)."""
+    source = (SAMPLES / "code" / "textutils.py").read_text()
+    prompt = folder / "prompt.txt"
+    prompt.write_text(source + "\n\n# The same file again, unchanged:\n\n" + source[:head_chars])
+    return prompt
+
+
 @pytest.mark.model
 def test_a_model_split_across_two_rpc_servers_and_the_cpu_decodes_as_plain_does(two_servers, tmp_path):
     endpoints, _ = two_servers
-    prompt = tmp_path / "prompt.txt"
-    source = (SAMPLES / "code" / "textutils.py").read_text()
-    prompt.write_text(source + "\n\n# The same file again, unchanged:\n\n" + source[:600])
+    prompt = copy_prompt(tmp_path, 600)
     # 30 layers: 20 on the two servers, 10 (and the output) on this process's CPU
     out = subprocess.run([sys.executable, "-c", CHILD, ",".join(endpoints), "20", str(prompt)],
                          capture_output=True, text=True, timeout=600)
@@ -114,6 +120,8 @@ def test_a_model_split_across_two_rpc_servers_and_the_cpu_decodes_as_plain_does(
     # the layers really are on the servers (llama.cpp's load log names each buffer's device)
     for endpoint in endpoints:
         assert re.search(rf"RPC\d+\[{re.escape(endpoint)}\]\S* model buffer size", out.stderr), out.stderr[-3000:]
+    # and the output layer stayed here: its logits do not cross the network (tied embeddings)
+    assert re.search(r"tensor token_embd\.weight .* buffer type overridden to CPU", out.stderr), out.stderr[-3000:]
     assert result["spec"] == result["plain"] != ""
     stats = result["stats"]
     assert stats["accepted"] > 20 and stats["tokens_per_pass"] > 1.5, (stats, result["cost"])
@@ -142,6 +150,11 @@ try:
     out["next"] = "no error"
 except rpc.RpcServerLost as e:
     out["next"] = str(e)
+try:  # logprobs: llama-cpp-python's own decoding (the plain fallback path)
+    fast.create_completion(prompt, max_tokens=4, temperature=0, logprobs=1)
+    out["plain_path"] = "no error"
+except rpc.RpcServerLost as e:
+    out["plain_path"] = str(e)
 print(json.dumps(out))
 """
 
@@ -149,9 +162,7 @@ print(json.dumps(out))
 @pytest.mark.model
 def test_a_server_killed_mid_request_is_an_error_naming_it_and_the_process_lives_on(two_servers, tmp_path):
     endpoints, procs = two_servers
-    prompt = tmp_path / "prompt.txt"
-    source = (SAMPLES / "code" / "textutils.py").read_text()
-    prompt.write_text(source + "\n\n# The same file again, unchanged:\n\n" + source[:300])
+    prompt = copy_prompt(tmp_path, 300)
     out = subprocess.run([sys.executable, "-c", KILL_CHILD, ",".join(endpoints), str(procs[1].pid), str(prompt)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]  # no abort: the process ran to its end
@@ -162,6 +173,7 @@ def test_a_server_killed_mid_request_is_an_error_naming_it_and_the_process_lives
     assert len(result["streamed"]) < len(result["whole"])
     # the next request fails the same way at once: the layers that server held are gone
     assert f"RPC server {endpoints[1]} went away during an earlier request" in result["next"], result
+    assert f"RPC server {endpoints[1]} went away during an earlier request" in result["plain_path"], result
 
 
 @pytest.mark.model

@@ -133,6 +133,8 @@ class LlamaCppTarget:
             for chunk in chunks:
                 self._rpc.check()  # the chunk's token came from a decode that has synchronised
                 yield chunk
+        except rpc.RpcServerLost:
+            raise
         except Exception:
             self._rpc.check()
             raise
