@@ -177,12 +177,45 @@ def test_cost_interpolation_and_extrapolation():
     assert cost.cost_ms(6) == pytest.approx(36.0)  # 29 + 2 * 3.5
     assert cost.cost_ms(12) == pytest.approx(64.5)  # 43 + 4 * 5.375
     assert cost.cost_ms(48) == pytest.approx(221.5)  # 150 + 16 * 4.46875
-    # beyond 64: slope of the last segment, (293 - 150) / 32 = 4.46875 ms/token
-    assert cost.cost_ms(100) == pytest.approx(293 + 36 * 4.46875)
-    assert cost.cost_ms(128) == pytest.approx(579.0)
+    # beyond 64: half the slope from 32 (the largest size <= 64 / 2), (293 - 150) / 32 / 2
+    assert cost.cost_ms(100) == pytest.approx(293 + 36 * 4.46875 / 2)
+    assert cost.cost_ms(128) == pytest.approx(436.0)
     # out-of-range sizes are clamped to 1..max_batch
     assert cost.cost_ms(0) == pytest.approx(11.0)
-    assert cost.cost_ms(10_000) == pytest.approx(579.0)
+    assert cost.cost_ms(10_000) == pytest.approx(436.0)
+
+
+def test_cost_extrapolation_slope_spans_the_upper_half_of_the_sizes_seen():
+    # Two sizes timed close together (25 and 26 tokens) give a slope that is mostly noise:
+    # the slope is taken from the largest size at most half the largest (8), not from 25.
+    cost = CostModel(max_batch=64)
+    for n, ms in {1: 70.0, 8: 174.0, 25: 540.0, 26: 541.0}.items():
+        cost.observe(n, ms)
+    slope = (541.0 - 174.0) / (26 - 8) / 2
+    assert cost.cost_ms(64) == pytest.approx(541.0 + 38 * slope)
+
+
+def test_a_long_draft_is_tried_once_and_then_priced_as_timed():
+    # Calibration times sizes up to 16; a long, surely accepted candidate is then drafted
+    # longer than the carried-on slope would allow, and once timed its size is priced as
+    # measured: the drafter keeps it only if it paid.
+    def drafted_length(cost):
+        index = SuffixIndex()
+        text = list(range(100, 400))
+        index.extend(text + text[:40])
+        drafter = Drafter(cost, max_draft=64)
+        for _ in range(3):  # confidence from a run of fully accepted drafts
+            drafter.acceptance.update(drafter._classify(index, index.query())[1], 40, 16, 16)
+        return len(drafter.propose(index, 64))
+
+    cost = CostModel(max_batch=128)
+    for n, ms in {1: 70.0, 2: 80.0, 4: 130.0, 8: 240.0, 16: 400.0}.items():
+        cost.observe(n, ms)
+    first = drafted_length(cost)
+    assert first >= 32  # explored well past the largest timed size
+    cost.observe(first + 1, 400.0 * (first + 1) / 16 * 1.5)  # timed: far dearer per token
+    assert drafted_length(cost) <= 16
+
 
 
 def test_cost_prior_slope_when_only_one_size_was_seen():
