@@ -96,9 +96,10 @@ def of_llama(llm) -> Exactness:
                                 f"{ENV}=1, computes batches as exactly as this process)")
     if offloaded and _gpu_build():
         return Exactness(False, "layers run on a GPU: the exact mode covers llama.cpp's CPU kernels only")
-    if int(getattr(llm.context_params, "flash_attn_type", 0)) != 0:
-        return Exactness(False, "flash attention is on: llama.cpp's CPU flash attention takes other paths "
-                                "for long batches and long contexts (flash_attn=False is exact)")
+    if int(getattr(llm.context_params, "flash_attn_type", 0)) != 0 and health.FLASH_ATTN_EXACT not in present:
+        return Exactness(False, "flash attention is on, and this build lacks lookahead's patch for it: its CPU "
+                                "kernel takes other paths for long batches and long contexts (flash_attn=False "
+                                "is exact; scripts/setup.sh builds the patch)")
     info = health.system_info()
     if info.get("AVX2") != "1" or info.get("FMA") != "1" or info.get("F16C") != "1":
         return Exactness(False, "the exact mode's batch kernels are for x86 CPUs with AVX2, FMA and F16C")

@@ -81,8 +81,9 @@ def library_path() -> Path:
 Q4_1_KERNEL = "Q4_1 batch kernel"  # also leaves attention to the one-token kernels in exact mode
 K_QUANT_EXACT = "exact K-quant batches"  # Q4_K, Q5_K, Q6_K rows independent of the batch
 RPC_LOST = "RPC lost-server errors"  # a server that goes away is an error, not an abort
+FLASH_ATTN_EXACT = "exact flash attention"  # its rows independent of the batch (needed with flash_attn on)
 PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_small_window",
-                 RPC_LOST: b"ggml_backend_rpc_lost"}
+                 RPC_LOST: b"ggml_backend_rpc_lost", FLASH_ATTN_EXACT: b"la_exact_flash_attn"}
 PATCH_LIBRARIES = {RPC_LOST: "libggml-rpc*"}  # the others: "libggml-cpu*"
 EXACT_PATCHES = (Q4_1_KERNEL, K_QUANT_EXACT)  # what exact batches need (lookahead.adapters.exact)
 
@@ -305,7 +306,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
         rpc.register(endpoints)
     n_ctx = context_tokens + max(PROBE_SIZES) + 16
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=-1 if endpoints else 0,
-                          verbose=False)
+                          flash_attn=True, verbose=False)  # as lookahead.load and the commands load models
     target = LlamaCppTarget(llm, threads="keep")
     n_vocab = target.n_vocab
     text = "The quick brown fox jumps over the lazy dog. " * (context_tokens // 8 + 1)

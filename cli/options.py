@@ -14,7 +14,7 @@ THREADS_HELP = ("CPU threads for llama.cpp (one-token and batch decodes). Defaul
 
 EXACT_HELP = ("On by default: batched decodes compute exactly what one-token decodes would, so greedy "
               "output with speculation is plain decoding's, token for token. Needs the set-up's patched "
-              "llama.cpp on an x86 CPU with AVX2, and flash attention off; `lookahead doctor` checks it, "
+              "llama.cpp on an x86 CPU with AVX2; `lookahead doctor` checks it, "
               "and --stats/--json say whether a run was exact. --no-exact: llama.cpp's stock kernels "
               "(greedy output can then part from plain decoding's at a near-tie). Sets "
               "LOOKAHEAD_EXACT_BATCHES (default: that variable's value, else on).")
@@ -35,6 +35,21 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
         exact.set_for_process(value)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--exact/--no-exact") from None
+
+
+FLASH_ATTN_HELP = ("llama.cpp's flash attention (on by default, as in llama.cpp's own tools): the prompt's "
+                   "prefill and long drafts cost less. Exact with the set-up's build either way.")
+FLASH_ATTN_META = "lookahead.flash_attn"
+
+
+def _flash_attn(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    ctx.meta[FLASH_ATTN_META] = value
+
+
+def flash_attn_setting() -> bool:
+    """--flash-attn/--no-flash-attn as this command was given it (default: on)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx.meta.get(FLASH_ATTN_META, True)) if ctx is not None else True
 
 
 RPC_HELP = ("Split the model across llama.cpp RPC servers (.venv/bin/ggml-rpc-server on each host, built by "
@@ -73,7 +88,8 @@ def rpc_endpoints() -> list[str]:
 
 
 def model_options(tree_width: bool = True) -> Callable:
-    """--model, --n-ctx, --threads, --gpu-layers, --rpc, --exact (and --tree-width), in this order in --help."""
+    """--model, --n-ctx, --threads, --gpu-layers, --rpc, --exact, --flash-attn (and --tree-width), in this
+    order in --help."""
     options = [
         model_option(),
         click.option("--n-ctx", type=click.IntRange(min=64), default=4096, show_default=True,
@@ -84,6 +100,8 @@ def model_options(tree_width: bool = True) -> Callable:
         rpc_option(),
         click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
                      help=EXACT_HELP),
+        click.option("--flash-attn/--no-flash-attn", default=True, show_default=True, expose_value=False,
+                     callback=_flash_attn, help=FLASH_ATTN_HELP),
     ]
     if tree_width:
         options.append(click.option(
@@ -134,7 +152,8 @@ def llama_settings(n_ctx: int, threads: int | None, gpu_layers: int) -> dict[str
         except rpc.RpcError as e:
             raise click.ClickException(str(e)) from None
         gpu_layers = rpc.offload_layers(gpu_layers)
-    settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=False)
+    settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=gpu_layers, flash_attn=flash_attn_setting(),
+                                    verbose=False)
     if threads is not None:
         settings.update(n_threads=threads, n_threads_batch=threads)
     return settings

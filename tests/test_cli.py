@@ -100,6 +100,21 @@ def test_exact_needs_the_patched_build(monkeypatch):
     assert health.EXACT_BATCHES_ENV not in os.environ
 
 
+def test_flash_attention_is_on_unless_turned_off():
+    import click
+    from click.testing import CliRunner
+    from lookahead.cli.options import llama_settings, model_options
+
+    @click.command()
+    @model_options()
+    def probe(model_path, n_ctx, threads, gpu_layers, tree_width):
+        click.echo(llama_settings(n_ctx, threads, gpu_layers)["flash_attn"])
+
+    assert CliRunner().invoke(probe, []).output.strip() == "True"
+    assert CliRunner().invoke(probe, ["--no-flash-attn"]).output.strip() == "False"
+    assert "--no-flash-attn" in CliRunner().invoke(probe, ["--help"]).output
+
+
 @pytest.mark.model
 def test_generate_json_from_stdin():
     out = cli("generate", "-", "--max-tokens", "12", "--json", input="Name three colours.")

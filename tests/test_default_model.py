@@ -1,7 +1,7 @@
-"""On the default model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M: Q4_K and Q6_K weights), in the
-exact mode lookahead turns on by default: greedy output with speculation is plain
-llama-cpp-python's on the same Llama, token for token, with no near-tie allowance, in a chat, a
-completion with a stop string, and a stream."""
+"""On the default model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M: Q4_K and Q6_K weights), with flash
+attention off and on, in the exact mode lookahead turns on by default: greedy output with
+speculation is plain llama-cpp-python's on the same Llama, token for token, with no near-tie
+allowance, in a chat, a completion with a stop string, and a stream."""
 from __future__ import annotations
 
 import pytest
@@ -20,13 +20,17 @@ QUESTION = [{"role": "user", "content": "From this file, which functions return 
                                         "signatures.\n\n" + TEXTUTILS}]
 
 
-@pytest.fixture(scope="module")
-def qwen(default_model_path):
+@pytest.fixture(scope="module", params=[False, True], ids=["flash-attn-off", "flash-attn-on"])
+def qwen(request, default_model_path):
+    """llama-cpp-python's default (flash attention off), and lookahead's (on, as lookahead.load
+    and the commands load models)."""
     import llama_cpp
 
     if not health.exact_batches_available():
         pytest.skip("this build lacks lookahead's llama.cpp patches (scripts/setup.sh applies them)")
-    llm = llama_cpp.Llama(model_path=str(default_model_path), n_ctx=2048, verbose=False)
+    if request.param and health.FLASH_ATTN_EXACT not in health.build_patches():
+        pytest.skip("this build lacks lookahead's flash attention patch (scripts/setup.sh applies it)")
+    llm = llama_cpp.Llama(model_path=str(default_model_path), n_ctx=2048, flash_attn=request.param, verbose=False)
     return llm, lookahead.wrap(llm)
 
 

@@ -77,9 +77,12 @@ def test_each_missing_condition_is_named(exact_build, monkeypatch, change, says)
     assert not result.exact and says in result.reason
 
 
-def test_gpu_layers_and_flash_attention_are_not_exact(exact_build):
+def test_gpu_layers_and_flash_attention_without_its_patch_are_not_exact(exact_build, monkeypatch):
     assert "GPU" in exact.of_llama(_llama(n_gpu_layers=-1)).reason
     assert "flash attention" in exact.of_llama(_llama(flash_attn_type=1)).reason
+    monkeypatch.setattr(health, "build_patches",
+                        lambda lib=None: [*health.EXACT_PATCHES, health.FLASH_ATTN_EXACT])
+    assert exact.of_llama(_llama(flash_attn_type=1)) == exact.Exactness(True)
 
 
 class _ExactFake(FakeTarget):

@@ -198,7 +198,8 @@ def test_build_patches_reads_the_marker(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.Q4_1_KERNEL] + b"...")
     assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL]
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + b"..".join(health.PATCH_MARKERS.values()))
-    assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL, health.K_QUANT_EXACT]  # RPC's is in its own
+    # RPC's is in its own library
+    assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL, health.K_QUANT_EXACT, health.FLASH_ATTN_EXACT]
     (tmp_path / "libggml-rpc.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.RPC_LOST])
     assert health.build_patches(tmp_path) == list(health.PATCH_MARKERS)
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")

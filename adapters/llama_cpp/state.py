@@ -55,7 +55,7 @@ MEASUREMENTS = "measurements"  # cache kind: verify-cost timings and decode thre
 
 def measurement_key(llm: "llama_cpp.Llama") -> str:
     """What one-off measurements depend on: the model file, the build, the CPU, the threads,
-    the batch size and the GPU offload. A change of any of them measures again."""
+    the batch size, flash attention and the GPU offload. A change of any of them measures again."""
     from ..health import build_identity
 
     path = str(getattr(llm, "model_path", ""))
@@ -65,7 +65,8 @@ def measurement_key(llm: "llama_cpp.Llama") -> str:
     except OSError:
         model = path
     params = llm.model_params
-    return (f"{model}|threads={llm.n_threads},{llm.n_threads_batch}|n_batch={llm.n_batch}"
+    flash = int(getattr(llm.context_params, "flash_attn_type", 0) or 0)
+    return (f"{model}|threads={llm.n_threads},{llm.n_threads_batch}|n_batch={llm.n_batch}|flash_attn={flash}"
             f"|gpu_layers={getattr(params, 'n_gpu_layers', 0)}|{build_identity()}")
 
 

@@ -70,7 +70,9 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     `exact`: batched decodes computed exactly as one-token decodes, so greedy output is plain
     decoding's token for token (lookahead.adapters.exact). None: the process's mode (on unless
     $LOOKAHEAD_EXACT_BATCHES=0). It is chosen once per process, before its first model.
-    `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...).
+    `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...);
+    flash_attn defaults to True, as in llama.cpp's own tools: on a CPU it makes the prompt's
+    prefill and long drafts cheaper, and the set-up's build keeps it exact.
     `rpc`: llama.cpp RPC servers ("host:port", a list, or "h1:p1,h2:p2") to split the model
     across (`adapters.llama_cpp.rpc`); they are registered first, and n_gpu_layers defaults
     to -1 (every layer on them) unless given. A server that is down raises RpcError naming it.
@@ -89,6 +91,7 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
 
         rpc_servers.register(rpc)
         llama_kwargs["n_gpu_layers"] = rpc_servers.offload_layers(llama_kwargs.get("n_gpu_layers"))
+    llama_kwargs.setdefault("flash_attn", True)
     llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:
         enable_tree_drafts(llm, tree_width)
