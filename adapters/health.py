@@ -29,6 +29,7 @@ from . import exact
 
 PROBE_SIZES = (1, 8, 64)
 RPC_ENV = "LOOKAHEAD_HEALTH_RPC"  # the child: RPC servers to register, every layer on them
+FLASH_ATTN_ENV = "LOOKAHEAD_HEALTH_FLASH_ATTN"  # the child: "0" loads the model with flash attention off
 CACHE_KIND = "backend-health"
 
 
@@ -164,12 +165,13 @@ class ProbeResult:
 
 def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 3, timeout: float = 300.0,
           command: list[str] | None = None, extra_env: dict[str, str] | None = None,
-          rpc: list[str] | None = None) -> ProbeResult:
+          rpc: list[str] | None = None, flash_attn: bool = True) -> ProbeResult:
     """Run the batched-decode check in a child process and explain a failure.
 
     `command` replaces the child's command line (tests use it to simulate a crash);
     `extra_env` is added to the child's environment (e.g. EXACT_BATCHES_ENV); `rpc`: RPC
-    servers ("host:port") the child registers, with every layer offloaded to them.
+    servers ("host:port") the child registers, with every layer offloaded to them; `flash_attn`:
+    the child's model loaded with it (as lookahead.load and the commands do by default).
     """
     cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
                       str(context_tokens), str(reps)]
@@ -178,6 +180,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
     env = {**os.environ, **(extra_env or {}), "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
     if rpc:
         env[RPC_ENV] = ",".join(rpc)
+    env[FLASH_ATTN_ENV] = "1" if flash_attn else "0"
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -260,7 +263,7 @@ def ensure_batched_decodes(model_path: str | os.PathLike) -> None:
         raise BackendCrash(known["cause"])
 
 
-PARITY_TOKENS = 16
+PARITY_TOKENS = 64  # enough rows for the kernels llama.cpp keeps for long batches (flash attention's tiled one)
 
 
 def batch_parity(target, n_tokens: int = PARITY_TOKENS) -> dict[str, Any]:
@@ -306,7 +309,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
         rpc.register(endpoints)
     n_ctx = context_tokens + max(PROBE_SIZES) + 16
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=-1 if endpoints else 0,
-                          flash_attn=True, verbose=False)  # as lookahead.load and the commands load models
+                          flash_attn=os.environ.get(FLASH_ATTN_ENV, "1") != "0", verbose=False)
     target = LlamaCppTarget(llm, threads="keep")
     n_vocab = target.n_vocab
     text = "The quick brown fox jumps over the lazy dog. " * (context_tokens // 8 + 1)

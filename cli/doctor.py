@@ -21,8 +21,11 @@ CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", 
               help="Tokens in the KV cache when the decode times are taken.")
 @rpc_option("Run the check with every layer on these llama.cpp RPC servers: lists their devices and "
             "times t(1)/t(8)/t(64) through them (network round trips included).")
+@click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
+              help="Run the check with llama.cpp's flash attention on (as the commands load models by default) "
+                   "or off.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
-def doctor(model_path, context_tokens, as_json):
+def doctor(model_path, context_tokens, flash_attn, as_json):
     """Check that llama.cpp runs batched decodes on this machine, and time them.
 
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
@@ -46,13 +49,13 @@ def doctor(model_path, context_tokens, as_json):
     info = health.system_info()
     flags = health.cpu_flags()
     endpoints = rpc_endpoints()
-    result = health.probe(path, context_tokens=context_tokens, rpc=endpoints)
+    result = health.probe(path, context_tokens=context_tokens, rpc=endpoints, flash_attn=flash_attn)
     patches = health.build_patches()
     exact_on = health.exact_batches_requested()
     other = None
     if result.ok and health.exact_batches_available() and not endpoints:  # (the servers keep their own mode)
         # The other mode, for comparison: what exactness costs or what it gives.
-        other = health.probe(path, context_tokens=context_tokens,
+        other = health.probe(path, context_tokens=context_tokens, flash_attn=flash_attn,
                              extra_env={health.EXACT_BATCHES_ENV: "0" if exact_on else "1"})
     report = {
         "lookahead": dist_version("lookahead"),
@@ -66,6 +69,7 @@ def doctor(model_path, context_tokens, as_json):
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
         "amx": {"compiled": health.amx_compiled(info), "reported_by_cpu": "amx_int8" in flags},
         "rpc": {"endpoints": endpoints, "devices": result.rpc_devices} if endpoints else None,
+        "flash_attn": flash_attn,
         "check": result.to_dict(),
     }
     if as_json:
@@ -127,7 +131,10 @@ def _print(report: dict, result, other=None) -> None:
                 echo(f"  batched rows = one-token rows: {parity['identical']} of {parity['rows']} ({mode}; largest "
                      f"logit difference {parity['max_logit_diff']:.3g}): greedy output can part from plain "
                      "decoding's at a near-tie")
-                if exact_on:
+                if exact_on and report["flash_attn"] and health.FLASH_ATTN_EXACT not in report["patches"]:
+                    echo("  exact mode is on, yet they differ: this build lacks lookahead's flash attention patch "
+                         "(scripts/setup.sh builds it; --no-flash-attn checks without flash attention)")
+                elif exact_on:
                     echo("  exact mode is on, yet they differ: this CPU or build is not one the exact kernels "
                          "cover (x86 with AVX2, FMA and F16C, scripts/setup.sh's build)")
                 elif health.Q4_1_KERNEL not in report["patches"]:

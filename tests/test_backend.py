@@ -292,3 +292,38 @@ def test_contention_at_a_long_position_is_judged_against_that_position(wall_ms, 
     for _ in range(CONTENTION_WINDOW):
         target.watch(wall_ms / 1000, 0.7 * 2 * wall_ms / 1000, 2, 1, n_past=2000)
     assert target.contended is contended and bool(switched) is contended
+
+
+def test_load_turns_flash_attention_on_unless_told_otherwise(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from lookahead.adapters.llama_cpp import wrapping
+
+    class Loaded(Exception):
+        pass
+
+    seen = []
+
+    def llama(**kwargs):
+        seen.append(kwargs)
+        raise Loaded  # only the arguments matter here
+
+    monkeypatch.setattr(wrapping, "lib", lambda: SimpleNamespace(Llama=llama))
+    monkeypatch.setattr(wrapping, "resolve", lambda model: tmp_path / "model.gguf")
+    for kwargs in ({}, {"flash_attn": False}):
+        with pytest.raises(Loaded):
+            wrapping.load("model", **kwargs)
+    assert [kw["flash_attn"] for kw in seen] == [True, False]
+
+
+def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
+    from types import SimpleNamespace
+
+    from lookahead.adapters.llama_cpp.state import measurement_key
+
+    def llm(flash):
+        return SimpleNamespace(model_path=str(tmp_path / "m.gguf"), n_threads=2, n_threads_batch=2, n_batch=512,
+                               model_params=SimpleNamespace(n_gpu_layers=0),
+                               context_params=SimpleNamespace(flash_attn_type=flash))
+
+    assert "flash_attn=1" in measurement_key(llm(1)) and measurement_key(llm(1)) != measurement_key(llm(0))

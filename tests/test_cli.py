@@ -116,6 +116,16 @@ def test_flash_attention_is_on_unless_turned_off():
 
 
 @pytest.mark.model
+def test_the_first_run_says_once_that_it_times_decodes(tmp_path):
+    env = {**os.environ, "LOOKAHEAD_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([str(BIN), "generate", "Name three colours.", "--max-tokens", "8"], capture_output=True,
+                           text=True, timeout=300, env=env) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert "times decodes of 1 to 16 tokens once" in runs[0].stderr and str(tmp_path) in runs[0].stderr
+    assert "times decodes" not in runs[1].stderr  # the curve was kept
+
+
+@pytest.mark.model
 def test_generate_json_from_stdin():
     out = cli("generate", "-", "--max-tokens", "12", "--json", input="Name three colours.")
     plain = cli("generate", "-", "--max-tokens", "12", "--json", "--no-speculate", input="Name three colours.")

@@ -52,7 +52,8 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         if llama_server is not None:
             threads = llama.get("n_threads") or os.cpu_count() or 1
             for spec_args, method in zip(((), *SERVER_SPEC_MODES.values()), SERVER_METHODS):
-                server = LlamaServer(llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"], spec_args)
+                server = LlamaServer(llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"], spec_args,
+                                     flash_attn=bool(llama.get("flash_attn", False)))
                 stack.callback(server.close)
                 server.wait_ready()
                 runners[method] = server.run
@@ -77,6 +78,7 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
             "threads): their timings are not this machine's quiet speed")
     config = {
         "model": str(path), "n_ctx": llama["n_ctx"], "threads": llama_threads, "gpu_layers": llama["n_gpu_layers"],
+        "flash_attn": bool(llama.get("flash_attn", False)),
         "reps": reps, "temperatures": list(temperatures), "methods": order, "pld_tokens": pld_tokens,
         "llama_server": str(llama_server) if llama_server else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -43,9 +43,9 @@ class CostModel:
 
     Sizes that were observed use their estimate; other sizes are interpolated linearly
     between observed neighbours; beyond the largest observed size the curve is extrapolated
-    optimistically, with EXPLORE_SLOPE times its slope over the upper half of the sizes
-    seen (or `prior_slope` times t(1) when only one size was seen), so that a longer draft
-    gets tried and timed.
+    optimistically, with EXPLORE_SLOPE times its slope from the largest size at most half the
+    largest (else the smallest) to the largest (or `prior_slope` times t(1) when only one size
+    was seen), so that a longer draft gets tried and timed.
 
     A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
     dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
@@ -92,7 +92,7 @@ class CostModel:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
-        if self._restored and self._probation(n_tokens, float(ms)):
+        if n_tokens in self._restored and self._probation(n_tokens, float(ms)):
             return
         self._seen[n_tokens] += 1
         if n_tokens == 1:
@@ -123,7 +123,9 @@ class CostModel:
             self._curve = None
 
     def _probation(self, n_tokens: int, ms: float) -> bool:
-        """Compare a real timing with the restored curve; True if the curve was just dropped."""
+        """Compare a real timing of a restored size with its restored figure (sizes past them
+        are priced optimistically on purpose: no evidence against the restored curve); True if
+        the curve was just dropped."""
         self._checks.append(ms / self.cost_ms(n_tokens))
         if len(self._checks) < self.revalidate_after:
             return False
@@ -202,10 +204,10 @@ class CostModel:
             curve = np.interp(n, sizes, times)
             last_n, last_t = sizes[-1], times[-1]
             if len(sizes) >= 2:
-                # The slope from the largest size seen at most half as large (two sizes close
-                # together give a slope that is mostly noise), times EXPLORE_SLOPE.
+                # The slope from the largest size at most half the largest (else the smallest)
+                # to the largest: two sizes close together give a slope that is mostly noise.
+                # Times EXPLORE_SLOPE.
                 prev = max(int(np.searchsorted(sizes, last_n // 2, side="right")) - 1, 0)
-                prev = min(prev, len(sizes) - 2)
                 prev_n, prev_t = sizes[prev], times[prev]
                 slope = EXPLORE_SLOPE * max((last_t - prev_t) / (last_n - prev_n), 0.0)
             else:
