@@ -59,8 +59,10 @@ def test_rewrite_streams_to_stdout_with_stats():
 def test_rewrite_in_place_same_as_no_speculate(tmp_path):
     a, b = tmp_path / "a.md", tmp_path / "b.md"
     for p in (a, b):
-        shutil.copy(SAMPLES / "docs" / "meeting_notes.md", p)
-    args = ["-i", "Change every date to YYYY-MM-DD", "--max-tokens", "80", "--in-place"]
+        # (the tiny model's answer to "Change every date to YYYY-MM-DD" on the meeting notes
+        # loops with flash attention on, plain and speculative alike: nothing to write)
+        shutil.copy(SAMPLES / "docs" / "howto_backups.md", p)
+    args = ["-i", "Fix the spelling mistakes", "--max-tokens", "80", "--in-place"]
     ra = cli("rewrite", a, *args)
     rb = cli("rewrite", b, *args, "--no-speculate")
     assert ra.returncode == 0 and rb.returncode == 0, ra.stderr + rb.stderr

@@ -76,7 +76,9 @@ def local(model_path):
 
     import lookahead
 
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=N_CTX, n_threads=1, n_threads_batch=1, verbose=False)
+    # flash attention on, as `lookahead serve` loads its model: it changes the logits
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=N_CTX, n_threads=1, n_threads_batch=1, flash_attn=True,
+                          verbose=False)
     return lookahead.wrap(llm, calibrate=False, threads="keep")
 
 
