@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from .options import dist_version, model_option, resolve_model, rpc_endpoints, rpc_option
+from .options import (dist_version, flash_attn_option, flash_attn_setting, model_option, resolve_model,
+                      rpc_endpoints, rpc_option)
 
 # The instruction sets that matter to llama.cpp on x86, as /proc/cpuinfo names them.
 CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
@@ -21,11 +22,10 @@ CPU_FLAGS_SHOWN = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", 
               help="Tokens in the KV cache when the decode times are taken.")
 @rpc_option("Run the check with every layer on these llama.cpp RPC servers: lists their devices and "
             "times t(1)/t(8)/t(64) through them (network round trips included).")
-@click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
-              help="Run the check with llama.cpp's flash attention on (as the commands load models by default) "
+@flash_attn_option("Run the check with llama.cpp's flash attention on (as the commands load models by default) "
                    "or off.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
-def doctor(model_path, context_tokens, flash_attn, as_json):
+def doctor(model_path, context_tokens, as_json):
     """Check that llama.cpp runs batched decodes on this machine, and time them.
 
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
@@ -49,6 +49,7 @@ def doctor(model_path, context_tokens, flash_attn, as_json):
     info = health.system_info()
     flags = health.cpu_flags()
     endpoints = rpc_endpoints()
+    flash_attn = flash_attn_setting()
     result = health.probe(path, context_tokens=context_tokens, rpc=endpoints, flash_attn=flash_attn)
     patches = health.build_patches()
     exact_on = health.exact_batches_requested()

@@ -46,6 +46,12 @@ def _flash_attn(ctx: click.Context, param: click.Parameter, value: bool) -> None
     ctx.meta[FLASH_ATTN_META] = value
 
 
+def flash_attn_option(help: str = FLASH_ATTN_HELP) -> Callable:
+    """--flash-attn/--no-flash-attn (default on); `flash_attn_setting()` gives its value."""
+    return click.option("--flash-attn/--no-flash-attn", default=True, show_default=True, expose_value=False,
+                        callback=_flash_attn, help=help)
+
+
 def flash_attn_setting() -> bool:
     """--flash-attn/--no-flash-attn as this command was given it (default: on)."""
     ctx = click.get_current_context(silent=True)
@@ -100,8 +106,7 @@ def model_options(tree_width: bool = True) -> Callable:
         rpc_option(),
         click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
                      help=EXACT_HELP),
-        click.option("--flash-attn/--no-flash-attn", default=True, show_default=True, expose_value=False,
-                     callback=_flash_attn, help=FLASH_ATTN_HELP),
+        flash_attn_option(),
     ]
     if tree_width:
         options.append(click.option(

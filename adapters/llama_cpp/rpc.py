@@ -156,14 +156,22 @@ def lost() -> tuple[int, str]:
     return int(fn(buf, len(buf))), buf.value.decode(errors="replace")
 
 
+def _rpc_proc(lib, name: bytes) -> int | None:
+    """The address of `name` in ggml's RPC backend; RpcError if the build has no RPC backend,
+    None if the backend has no such procedure."""
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError("this llama-cpp-python build has no RPC backend; rebuild it with "
+                       "`bash scripts/setup.sh` (without LOOKAHEAD_RPC=0)")
+    return lib.ggml_backend_reg_get_proc_address(reg, name) or None
+
+
 @functools.lru_cache(maxsize=1)
 def _lost_fn():
     try:
-        lib = _ggml()
+        address = _rpc_proc(_ggml(), b"ggml_backend_rpc_lost")
     except (ImportError, OSError, RpcError):
         return None
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    address = reg and lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_lost")
     if not address:
         return None
     return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)(address)
@@ -219,11 +227,7 @@ def register(endpoints: str | Sequence[str], timeout: float = CONNECT_TIMEOUT_S)
     for endpoint in endpoints:
         check_reachable(endpoint, timeout)
     lib = _ggml()
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    if not reg:
-        raise RpcError("this llama-cpp-python build has no RPC backend; rebuild it with "
-                       "`bash scripts/setup.sh` (without LOOKAHEAD_RPC=0)")
-    add = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    add = _rpc_proc(lib, b"ggml_backend_rpc_add_server")
     if not add:
         raise RpcError("the RPC backend of this build has no ggml_backend_rpc_add_server")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
