@@ -327,3 +327,21 @@ def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
                                context_params=SimpleNamespace(flash_attn_type=flash))
 
     assert "flash_attn=1" in measurement_key(llm(1)) and measurement_key(llm(1)) != measurement_key(llm(0))
+
+
+def test_the_measurement_key_tells_the_exact_mode_apart(tmp_path, monkeypatch):
+    """Exact and stock kernels cost differently: a curve timed with one must not size drafts
+    for the other (a process with LOOKAHEAD_EXACT_BATCHES=0 and one without share a cache)."""
+    from types import SimpleNamespace
+
+    from lookahead.adapters.exact import ENV
+    from lookahead.adapters.llama_cpp.state import measurement_key
+
+    llm = SimpleNamespace(model_path=str(tmp_path / "m.gguf"), n_threads=2, n_threads_batch=2, n_batch=512,
+                          model_params=SimpleNamespace(n_gpu_layers=0),
+                          context_params=SimpleNamespace(flash_attn_type=1))
+    monkeypatch.setenv(ENV, "1")
+    exact_key = measurement_key(llm)
+    monkeypatch.setenv(ENV, "0")
+    stock_key = measurement_key(llm)
+    assert "exact_batches=1" in exact_key and "exact_batches=0" in stock_key

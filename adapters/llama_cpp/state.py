@@ -55,7 +55,10 @@ MEASUREMENTS = "measurements"  # cache kind: verify-cost timings and decode thre
 
 def measurement_key(llm: "llama_cpp.Llama") -> str:
     """What one-off measurements depend on: the model file, the build, the CPU, the threads,
-    the batch size, flash attention and the GPU offload. A change of any of them measures again."""
+    the batch size, flash attention, the exact mode (its kernels cost otherwise: on one 2-vCPU
+    AVX-512 VM t(8) 191 ms exact against 287 stock) and the GPU offload. A change of any of
+    them measures again."""
+    from .. import exact
     from ..health import build_identity
 
     path = str(getattr(llm, "model_path", ""))
@@ -67,7 +70,7 @@ def measurement_key(llm: "llama_cpp.Llama") -> str:
     params = llm.model_params
     flash = int(getattr(llm.context_params, "flash_attn_type", 0) or 0)
     return (f"{model}|threads={llm.n_threads},{llm.n_threads_batch}|n_batch={llm.n_batch}|flash_attn={flash}"
-            f"|gpu_layers={getattr(params, 'n_gpu_layers', 0)}|{build_identity()}")
+            f"|exact_batches={int(exact.requested())}|gpu_layers={getattr(params, 'n_gpu_layers', 0)}|{build_identity()}")
 
 
 class Measurements:
