@@ -316,15 +316,20 @@ def test_load_turns_flash_attention_on_unless_told_otherwise(monkeypatch, tmp_pa
     assert [kw["flash_attn"] for kw in seen] == [True, False]
 
 
-def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
+def _keyed_llm(tmp_path, flash: int = 1):
+    """What measurement_key reads of a Llama."""
     from types import SimpleNamespace
 
+    return SimpleNamespace(model_path=str(tmp_path / "m.gguf"), n_threads=2, n_threads_batch=2, n_batch=512,
+                           model_params=SimpleNamespace(n_gpu_layers=0),
+                           context_params=SimpleNamespace(flash_attn_type=flash))
+
+
+def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
     from lookahead.adapters.llama_cpp.state import measurement_key
 
     def llm(flash):
-        return SimpleNamespace(model_path=str(tmp_path / "m.gguf"), n_threads=2, n_threads_batch=2, n_batch=512,
-                               model_params=SimpleNamespace(n_gpu_layers=0),
-                               context_params=SimpleNamespace(flash_attn_type=flash))
+        return _keyed_llm(tmp_path, flash)
 
     assert "flash_attn=1" in measurement_key(llm(1)) and measurement_key(llm(1)) != measurement_key(llm(0))
 
@@ -332,14 +337,10 @@ def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
 def test_the_measurement_key_tells_the_exact_mode_apart(tmp_path, monkeypatch):
     """Exact and stock kernels cost differently: a curve timed with one must not size drafts
     for the other (a process with LOOKAHEAD_EXACT_BATCHES=0 and one without share a cache)."""
-    from types import SimpleNamespace
-
     from lookahead.adapters.exact import ENV
     from lookahead.adapters.llama_cpp.state import measurement_key
 
-    llm = SimpleNamespace(model_path=str(tmp_path / "m.gguf"), n_threads=2, n_threads_batch=2, n_batch=512,
-                          model_params=SimpleNamespace(n_gpu_layers=0),
-                          context_params=SimpleNamespace(flash_attn_type=1))
+    llm = _keyed_llm(tmp_path)
     monkeypatch.setenv(ENV, "1")
     exact_key = measurement_key(llm)
     monkeypatch.setenv(ENV, "0")
