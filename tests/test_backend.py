@@ -328,10 +328,8 @@ def _keyed_llm(tmp_path, flash: int = 1):
 def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
     from lookahead.adapters.llama_cpp.state import measurement_key
 
-    def llm(flash):
-        return _keyed_llm(tmp_path, flash)
-
-    assert "flash_attn=1" in measurement_key(llm(1)) and measurement_key(llm(1)) != measurement_key(llm(0))
+    on, off = measurement_key(_keyed_llm(tmp_path, 1)), measurement_key(_keyed_llm(tmp_path, 0))
+    assert "flash_attn=1" in on and on != off
 
 
 def test_the_measurement_key_tells_the_exact_mode_apart(tmp_path, monkeypatch):

@@ -70,7 +70,8 @@ def measurement_key(llm: "llama_cpp.Llama") -> str:
     params = llm.model_params
     flash = int(getattr(llm.context_params, "flash_attn_type", 0) or 0)
     return (f"{model}|threads={llm.n_threads},{llm.n_threads_batch}|n_batch={llm.n_batch}|flash_attn={flash}"
-            f"|exact_batches={int(exact.requested())}|gpu_layers={getattr(params, 'n_gpu_layers', 0)}|{build_identity()}")
+            f"|exact_batches={int(exact.requested())}|gpu_layers={getattr(params, 'n_gpu_layers', 0)}"
+            f"|{build_identity()}")
 
 
 class Measurements:
