@@ -246,3 +246,25 @@ def test_replays_stop_drafts_at_the_traces_end_of_generation_tokens():
     index.extend(prompt)
     assert drafter.propose(index, 64).tokens == doc[4:] + [5]
     assert with_stops(Drafter(pinned_cost()), {}).is_stop is None
+
+
+DEFAULT_MODEL_TRACES = TRACES.parent / "default_model_traces.json"
+
+
+def test_the_default_models_traces_are_whole_greedy_outputs_of_the_shipped_workloads():
+    """Each trace is one workload's plain greedy output: it stops at its cap or right after an
+    end-of-generation token, and its id and category are a shipped workload's."""
+    samples = TRACES.parents[1]
+    workloads = {}
+    for path in (samples / "workloads.jsonl", TRACES.parent / "short_rag.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                w = json.loads(line)
+                workloads[w["id"]] = w
+    traces = json.loads(DEFAULT_MODEL_TRACES.read_text())
+    assert sorted(t["id"] for t in traces) == sorted(workloads)
+    for t in traces:
+        assert t["category"] == workloads[t["id"]]["category"] and t["temperature"] == 0.0
+        eog = set(t["eog"])
+        assert len(t["output"]) == t["max_tokens"] or t["output"][-1] in eog, t["id"]
+        assert not eog.intersection(t["output"][:-1]), t["id"]  # generation stops at the first one

@@ -6,8 +6,9 @@ Default workloads: samples/workloads.jsonl and samples/examples/short_rag.jsonl 
 after a few hundred tokens of passages). Default output: samples/examples/traces.json, which
 `python -m lookahead.simulate` replays and `python -m lookahead.simulate priors` fits the
 drafter's prior table from. Every call is plain `Llama.create_chat_completion` (or
-`create_completion`) with the KV cache cleared, llama-cpp-python's default threads, seed 1 at
-t > 0; the tokens are taken from `Llama.generate` as create_completion consumes them, so they
+`create_completion`) on the default model with flash attention on (as lookahead loads models:
+the greedy tokens depend on it), the KV cache cleared, llama-cpp-python's default threads
+unless --threads, seed 1 at t > 0; the tokens are taken from `Llama.generate` as create_completion consumes them, so they
 are exactly the prompt the model saw and the tokens it emitted (EOS included when it stopped
 there). No reference texts are registered: the workloads carry their sources in the prompt.
 """
@@ -74,14 +75,16 @@ def main() -> None:
                         default=[HERE.parent / "workloads.jsonl", HERE / "short_rag.jsonl"])
     parser.add_argument("-t", "--temperature", type=float, action="append")
     parser.add_argument("--out", type=Path, default=HERE / "traces.json")
+    parser.add_argument("--threads", type=int, help="n_threads and n_threads_batch (default: llama-cpp-python's)")
     args = parser.parse_args()
+
+    from lookahead.models import default_model_path  # first: lookahead picks the exact mode before llama_cpp loads
 
     import llama_cpp
 
-    from lookahead.models import default_model_path
-
     workloads = [json.loads(line) for path in args.workloads for line in path.read_text().splitlines() if line.strip()]
-    llm = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=4096, verbose=False)
+    threads = {} if args.threads is None else dict(n_threads=args.threads, n_threads_batch=args.threads)
+    llm = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=4096, flash_attn=True, verbose=False, **threads)
     traces = record_traces(llm, workloads, args.temperature or [0.0, 0.7])
     # one trace per line: small diffs when re-recorded
     args.out.write_text("[\n" + ",\n".join(json.dumps(t, separators=(",", ":")) for t in traces) + "\n]\n")
