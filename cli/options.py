@@ -38,7 +38,8 @@ def _exact_batches(ctx: click.Context, param: click.Parameter, value: bool | Non
 
 
 FLASH_ATTN_HELP = ("llama.cpp's flash attention (on by default, as in llama.cpp's own tools): the prompt's "
-                   "prefill and long drafts cost less. Exact with the set-up's build either way.")
+                   "prefill costs less. Exact with the set-up's build either way; greedy output differs "
+                   "between the two settings at near-ties.")
 FLASH_ATTN_META = "lookahead.flash_attn"
 
 

@@ -72,7 +72,8 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     $LOOKAHEAD_EXACT_BATCHES=0). It is chosen once per process, before its first model.
     `llama_kwargs` go to `llama_cpp.Llama` (n_gpu_layers, n_threads_batch, n_batch, ...);
     flash_attn defaults to True, as in llama.cpp's own tools: on a CPU it makes the prompt's
-    prefill and long drafts cheaper, and the set-up's build keeps it exact.
+    prefill cheaper, and the set-up's build keeps it exact (greedy output differs between the
+    two settings at near-ties, each setting's speculation matching its own plain decoding).
     `rpc`: llama.cpp RPC servers ("host:port", a list, or "h1:p1,h2:p2") to split the model
     across (`adapters.llama_cpp.rpc`); they are registered first, and n_gpu_layers defaults
     to -1 (every layer on them) unless given. A server that is down raises RpcError naming it.
