@@ -254,13 +254,10 @@ DEFAULT_MODEL_TRACES = TRACES.parent / "default_model_traces.json"
 def test_the_default_models_traces_are_whole_greedy_outputs_of_the_shipped_workloads():
     """Each trace is one workload's plain greedy output: it stops at its cap or right after an
     end-of-generation token, and its id and category are a shipped workload's."""
-    samples = TRACES.parents[1]
-    workloads = {}
-    for path in (samples / "workloads.jsonl", TRACES.parent / "short_rag.jsonl"):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                w = json.loads(line)
-                workloads[w["id"]] = w
+    from lookahead.cli.bench import load_workloads
+
+    workloads = {w["id"]: w for path in (TRACES.parents[1] / "workloads.jsonl", TRACES.parent / "short_rag.jsonl")
+                 for w in load_workloads(path)}
     traces = json.loads(DEFAULT_MODEL_TRACES.read_text())
     assert sorted(t["id"] for t in traces) == sorted(workloads)
     for t in traces:

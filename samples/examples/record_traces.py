@@ -8,9 +8,10 @@ after a few hundred tokens of passages). Default output: samples/examples/traces
 drafter's prior table from. Every call is plain `Llama.create_chat_completion` (or
 `create_completion`) on the default model with flash attention on (as lookahead loads models:
 the greedy tokens depend on it), the KV cache cleared, llama-cpp-python's default threads
-unless --threads, seed 1 at t > 0; the tokens are taken from `Llama.generate` as create_completion consumes them, so they
-are exactly the prompt the model saw and the tokens it emitted (EOS included when it stopped
-there). No reference texts are registered: the workloads carry their sources in the prompt.
+unless --threads, seed 1 at t > 0; the tokens are taken from `Llama.generate` as
+create_completion consumes them, so they are exactly the prompt the model saw and the tokens
+it emitted (EOS included when it stopped there). No reference texts are registered: the
+workloads carry their sources in the prompt.
 """
 from __future__ import annotations
 
