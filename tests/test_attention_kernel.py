@@ -20,7 +20,9 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 
 
-def _bind(ggml):
+@pytest.fixture(scope="module")
+def attn(ggml):
+    """ggml's libraries with the C signatures of 3-d tensors and flash attention added."""
     base, cpu = ggml
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     base.ggml_new_tensor_3d.argtypes, base.ggml_new_tensor_3d.restype = [p, ctypes.c_int, i64, i64, i64], p
@@ -29,10 +31,10 @@ def _bind(ggml):
     return base, cpu
 
 
-def _attention(ggml, q, k, v, mask, scale, threads=2):
+def _attention(attn, q, k, v, mask, scale, threads=2):
     """ggml's flash attention. q [n_head, n_q, D] F32; k, v [n_head_kv, n_kv, D] F16; mask
     [n_q, n_kv] F16 (0 or -inf). Returns [n_q, n_head, D]."""
-    base, cpu = _bind(ggml)
+    base, cpu = attn
     n_head, n_q, d = q.shape
     n_head_kv, n_kv, _ = k.shape
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
@@ -90,7 +92,7 @@ def _skip_unless_exact():
 # splits a one-token decode's cache between threads.
 @pytest.mark.parametrize("d,n_head,n_head_kv", [(64, 9, 3), (128, 12, 2), (256, 4, 4), (80, 4, 2)])
 @pytest.mark.parametrize("first_pos,n_q", [(0, 1), (5, 16), (250, 50), (600, 20)])
-def test_attention_rows_are_the_rows_alone_in_exact_mode(ggml, d, n_head, n_head_kv, first_pos, n_q):
+def test_attention_rows_are_the_rows_alone_in_exact_mode(attn, d, n_head, n_head_kv, first_pos, n_q):
     _skip_unless_exact()
     rng = np.random.default_rng(d * 1000 + first_pos + n_q)
     n_kv = first_pos + n_q + 37  # cells past the batch are masked, as a padded cache view's are
@@ -100,18 +102,18 @@ def test_attention_rows_are_the_rows_alone_in_exact_mode(ggml, d, n_head, n_head
     scale = 1.0 / np.sqrt(d)
     mask = _causal(first_pos, n_q, n_kv)
     for threads in (1, 2):
-        batched = _attention(ggml, q, k, v, mask, scale, threads)
+        batched = _attention(attn, q, k, v, mask, scale, threads)
         for i in range(n_q):
             pos = first_pos + i
             for view in (n_kv, pos + 1, min(n_kv, pos + 17)):  # the whole view, then views ending at the row's last key or a bit past it
-                alone = _attention(ggml, q[:, i : i + 1, :], k[:, :view], v[:, :view], mask[i : i + 1, :view], scale, threads)
+                alone = _attention(attn, q[:, i : i + 1, :], k[:, :view], v[:, :view], mask[i : i + 1, :view], scale, threads)
                 assert np.array_equal(alone[0], batched[i]), f"row {i} (position {pos}), view {view}, {threads} threads"
     true = _true_attention(q, k, v, mask, scale)
     assert np.abs(batched - true).max() < 0.05, "far off the true attention"
 
 
 @pytest.mark.parametrize("d,n_head,n_head_kv", [(64, 9, 3), (128, 12, 2), (256, 4, 4)])
-def test_the_row_kernel_is_the_true_attention_to_f32_rounding(ggml, d, n_head, n_head_kv):
+def test_the_row_kernel_is_the_true_attention_to_f32_rounding(attn, d, n_head, n_head_kv):
     """Scores in F32 and an F32 accumulator: about 3e-6 from float64 attention here, where the
     one-chunk kernel (Q rounded to F16, an F16 accumulator) is off by 7e-3 to 1.3e-2."""
     _skip_unless_exact()
@@ -123,6 +125,6 @@ def test_the_row_kernel_is_the_true_attention_to_f32_rounding(ggml, d, n_head, n
     v = rng.normal(0, 1, size=(n_head_kv, n_kv, d))
     scale = 1.0 / np.sqrt(d)
     mask = _causal(first_pos, n_q, n_kv)
-    got = _attention(ggml, q, k, v, mask, scale)
+    got = _attention(attn, q, k, v, mask, scale)
     err = np.abs(got - _true_attention(q, k, v, mask, scale)).max()
     assert err < 2e-5, f"max error {err:.3g}"
