@@ -248,20 +248,24 @@ def test_replays_stop_drafts_at_the_traces_end_of_generation_tokens():
     assert with_stops(Drafter(pinned_cost()), {}).is_stop is None
 
 
-DEFAULT_MODEL_TRACES = TRACES.parent / "default_model_traces.json"
+DEFAULT_MODEL_TRACES = {0.0: TRACES.parent / "default_model_traces.json",
+                        0.7: TRACES.parent / "default_model_traces_t07.json"}
 
 
-def test_the_default_models_traces_are_whole_greedy_outputs_of_the_shipped_workloads():
-    """Each trace is one workload's plain greedy output: it stops at its cap or right after an
-    end-of-generation token, and its id and category are a shipped workload's."""
+@pytest.mark.parametrize("temperature", sorted(DEFAULT_MODEL_TRACES))
+def test_the_default_models_traces_are_whole_plain_outputs_of_the_shipped_workloads(temperature):
+    """Each trace is one workload's plain output at the file's temperature (seed 1 when
+    sampled): it stops at its cap or right after an end-of-generation token, and its id and
+    category are a shipped workload's."""
     from lookahead.cli.bench import load_workloads
 
     workloads = {w["id"]: w for path in (TRACES.parents[1] / "workloads.jsonl", TRACES.parent / "short_rag.jsonl")
                  for w in load_workloads(path)}
-    traces = json.loads(DEFAULT_MODEL_TRACES.read_text())
+    traces = json.loads(DEFAULT_MODEL_TRACES[temperature].read_text())
     assert sorted(t["id"] for t in traces) == sorted(workloads)
     for t in traces:
-        assert t["category"] == workloads[t["id"]]["category"] and t["temperature"] == 0.0
+        assert t["category"] == workloads[t["id"]]["category"] and t["temperature"] == temperature
+        assert temperature == 0.0 or t["seed"] == 1
         eog = set(t["eog"])
         assert len(t["output"]) == t["max_tokens"] or t["output"][-1] in eog, t["id"]
         assert not eog.intersection(t["output"][:-1]), t["id"]  # generation stops at the first one
