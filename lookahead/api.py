@@ -20,7 +20,7 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 import numpy as np
 
 from .drafter import CostModel, Drafter
-from .engine import ModelFileTarget, PlainTarget, TextTarget, TreeTarget, generate_tokens
+from .engine import ModelFileTarget, PaddedTarget, PlainTarget, TextTarget, TreeTarget, generate_tokens
 from .index import SuffixIndex
 from .pipeline import CompletionText
 from .sampling import LIBRARY_DEFAULTS as DEFAULTS
@@ -54,7 +54,7 @@ class Lookahead:
         self.speculate = bool(speculate)
         self.max_draft = int(max_draft)
         if cost is None or cost.max_batch != target.max_batch:
-            cost = CostModel(max_batch=target.max_batch)
+            cost = CostModel(max_batch=target.max_batch, padding=batch_padding(target))
         self.cost = cost
         if calibrate and not cost.calibrated:
             cost.needs_calibration = True  # done in the first speculative request
@@ -341,6 +341,11 @@ class Lookahead:
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def batch_padding(target: Any) -> tuple[int, int] | None:
+    """The target's batch padding (`lookahead.engine.PaddedTarget`), None if it has none."""
+    return target.batch_padding if isinstance(target, PaddedTarget) else None
 
 
 def _model_file(target: Any) -> ModelFileTarget | None:

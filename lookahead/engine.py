@@ -8,8 +8,9 @@ newest emitted token is never in the KV cache yet: it is the `last` token of the
 With speculation off every draft is empty, so the plain path runs through the same code.
 
 The backend contract is here too, as Protocols: `Target` (what the loop calls), the optional
-`TreeTarget`, `TunedTarget` and `ContendedTarget`, and what the wrapper (`lookahead.api`)
-needs besides: `TextTarget`, and the optional `PlainTarget` and `ModelFileTarget`. Optional
+`TreeTarget`, `TunedTarget`, `ContendedTarget` and `PaddedTarget`, and what the wrapper
+(`lookahead.api`) needs besides: `TextTarget`, and the optional `PlainTarget` and
+`ModelFileTarget`. Optional
 extensions are found with `isinstance` (the Protocols are runtime-checkable); required
 members are called as they are.
 """
@@ -85,6 +86,14 @@ class ContendedTarget(Protocol):
 
     contended: bool  # True while decodes run differently for that: the cost curve learns nothing
     batch_cost_factor: float  # batches of 2+ tokens cost this times the curve's figure, right now
+
+
+@runtime_checkable
+class PaddedTarget(Protocol):
+    """Optional: a backend whose kernels pad batches, so that a decode of n tokens costs what
+    one of the padded size costs (the cost curve prices each size at its class's top)."""
+
+    batch_padding: tuple[int, int] | None  # (from_n, multiple): n >= from_n is padded to a multiple
 
 
 @runtime_checkable

@@ -62,9 +62,11 @@ class Replay:
         return (self.plain_ms + self.prefill_ms) / total if total else 1.0
 
 
-def pinned_cost(points: Sequence[tuple[int, float]] = DEFAULT_CURVE, max_batch: int = 512) -> CostModel:
-    """A cost model that holds `points` ((n, ms), ...) and learns nothing more."""
-    cost = CostModel(max_batch=max_batch)
+def pinned_cost(points: Sequence[tuple[int, float]] = DEFAULT_CURVE, max_batch: int = 512,
+                padding: tuple[int, int] | None = None) -> CostModel:
+    """A cost model that holds `points` ((n, ms), ...) and learns nothing more; `padding` as
+    in CostModel (a point inside a padded class stands for the class)."""
+    cost = CostModel(max_batch=max_batch, padding=padding)
     for n_tokens, ms in points:
         cost.observe(n_tokens, ms)
     cost.learning = False
@@ -211,6 +213,16 @@ def _parse_curve(text: str) -> tuple[tuple[int, float], ...]:
     return points
 
 
+def _parse_padding(text: str) -> tuple[int, int]:
+    try:
+        from_n, multiple = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FROM:MULTIPLE (e.g. 12:16), got {text!r}") from None
+    if from_n < 2 or multiple < 1:
+        raise argparse.ArgumentTypeError(f"expected FROM >= 2 and MULTIPLE >= 1, got {text!r}")
+    return from_n, multiple
+
+
 def _geomean(values: Sequence[float]) -> float:
     return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
 
@@ -278,6 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("traces")
     parser.add_argument("--curve", type=_parse_curve, default=DEFAULT_CURVE,
                         help="verify cost t(n) in ms as N:MS,N:MS,... (default: %(default)s)")
+    parser.add_argument("--padding", type=_parse_padding, default=None,
+                        help="FROM:MULTIPLE: decodes of FROM or more tokens cost as one padded to a multiple of "
+                             "MULTIPLE (the set-up's exact K-quant kernel: 12:16)")
     parser.add_argument("--temperature", type=float, action="append",
                         help="only traces recorded at this temperature (repeatable)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
@@ -285,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     traces = json.load(open(args.traces))
     if args.temperature:
         traces = [t for t in traces if float(t.get("temperature", 0.0)) in args.temperature]
-    cost = pinned_cost(args.curve)
+    cost = pinned_cost(args.curve, padding=args.padding)
     if args.command == "priors":
         for sampled in (False, True):
             chosen = [t for t in traces if (float(t.get("temperature", 0.0)) > 0) == sampled]
@@ -295,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     for temperature in sorted({float(t.get("temperature", 0.0)) for t in traces}):
         chosen = [t for t in traces if float(t.get("temperature", 0.0)) == temperature]
-        print(f"temperature {temperature}: {len(chosen)} traces, curve {dict(args.curve)}")
+        print(f"temperature {temperature}: {len(chosen)} traces, curve {dict(args.curve)}"
+              + (f", padding {args.padding[0]}:{args.padding[1]}" if args.padding else ""))
         print(format_report(report(chosen, cost, lambda sampled: Drafter(cost, sampled=sampled), args.verbose)))
 
 

@@ -330,6 +330,46 @@ def test_cost_curve_follows_the_scale_only_past_its_tolerance():
     assert cost.cost_ms(8) == pytest.approx(30.0 * (1 + 2 * SCALE_TOLERANCE))
 
 
+def test_padded_batches_cost_what_their_class_costs():
+    # padding (12, 16): 1..11 each its own size, 12..16 cost t(16), 17..32 t(32), ...
+    cost = CostModel(max_batch=100, padding=(12, 16))
+    for n, ms in ((1, 100.0), (8, 240.0), (13, 480.0), (20, 670.0), (40, 850.0)):
+        cost.observe(n, ms)  # 13 is kept as 16, 20 as 32, 40 as 48
+    assert cost.to_dict()["ms"] == {"1": 100.0, "8": 240.0, "16": 480.0, "32": 670.0, "48": 850.0}
+    curve = cost.curve()
+    assert curve[11] == pytest.approx(240.0 + 3 * (480.0 - 240.0) / 8)  # below the padding: interpolated
+    assert curve[12] == curve[16] == pytest.approx(480.0)
+    assert curve[17] == curve[31] == curve[32] == pytest.approx(670.0)
+    assert curve[33] == curve[48] == pytest.approx(850.0)
+    # past the largest class seen: extrapolated at the class tops, t(64) for 49..64
+    assert curve[49] == curve[64] > curve[48]
+    assert curve[97] == curve[100]  # the last class is cut at max_batch
+
+
+def test_on_a_padded_curve_a_long_match_fills_the_class_it_pays_for():
+    # what a request has timed: its drafts of 46 and 64 (batches of 47 and 65)
+    points = ((1, 88.0), (8, 237.0), (11, 351.0), (16, 490.0), (47, 846.0), (65, 1331.0))
+    padded, unpadded = CostModel(max_batch=128, padding=(12, 16)), CostModel(max_batch=128)
+    for n, ms in points:
+        padded.observe(n, ms)
+        unpadded.observe(n, ms)
+    # Unpadded, a batch of 64 is priced between 47 and 65, near t(65): a certain copy of 64
+    # tokens (the drafter's default most) drafts 46 again (47 / 846 = 0.056 tokens a ms,
+    # against 64 / 1304 = 0.049). Padded, 47 stands for 48 and 65 for the 80 class, and 64 is
+    # interpolated between them (1088 ms): 63 drafted, 64 / 1088 = 0.059.
+    assert best_length(np.full(64, 1.0), unpadded.curve()) == (46, 47.0)
+    assert best_length(np.full(64, 1.0), padded.curve()) == (63, 64.0)
+    # weaker evidence (0.9 a token): the top of a small class, never a size inside one
+    k, _ = best_length(np.full(64, 0.9), padded.curve())
+    assert k + 1 in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 32, 48, 64)
+
+
+@pytest.mark.parametrize("padding", [(1, 16), (12, 0), (12.0, 16), "12:16"])
+def test_cost_model_rejects_bad_padding(padding):
+    with pytest.raises(ValueError, match="padding must be"):
+        CostModel(padding=padding)
+
+
 def test_cost_model_rejects_bad_max_batch():
     with pytest.raises(ValueError, match="max_batch must be >= 1, got 0"):
         CostModel(max_batch=0)
@@ -750,6 +790,16 @@ def test_restored_curve_is_dropped_when_real_decodes_disagree():
     restored.observe(1, 30.0)  # from here on it learns as a fresh model (no more probation)
     restored.observe(2, 60.0)
     assert restored.calibrated and restored.cost_ms(2) == pytest.approx(60.0)
+
+
+def test_a_restored_curve_keeps_its_points_in_their_padded_classes():
+    # a curve saved before padding was known (sizes inside classes): each lands in its class
+    saved = {"max_batch": 128, "ms": {"1": 100.0, "8": 240.0, "15": 480.0, "47": 850.0}}
+    restored = CostModel.from_dict(saved, padding=(12, 16))
+    assert restored.to_dict()["ms"] == {"1": 100.0, "8": 240.0, "16": 480.0, "48": 850.0}
+    assert restored.cost_ms(40) == restored.cost_ms(48) == pytest.approx(850.0)
+    restored.observe(33, 860.0)  # a real decode in the 48 class checks the restored figure
+    assert restored._checks == [pytest.approx(860.0 / 850.0)]
 
 
 @pytest.mark.parametrize("data", [{}, {"ms": {}}, {"max_batch": 8, "ms": [1, 2]}, {"max_batch": "x", "ms": {}},

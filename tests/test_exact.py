@@ -65,6 +65,18 @@ def test_a_cpu_llama_on_the_patched_build_is_exact(exact_build):
     assert exact.of_llama(_llama()) == exact.Exactness(True)
 
 
+@pytest.mark.parametrize("exactness, file_type, padding", [
+    (exact.Exactness(True), "15", (12, 16)),  # Q4_K_M: the exact K-quant kernel's tiles of 16
+    (exact.Exactness(True), 18, (12, 16)),  # Q6_K
+    (exact.Exactness(True), "3", None),  # Q4_1: its own kernel, 4 columns at a time
+    (exact.Exactness(True), None, None),  # not recorded
+    (exact.Exactness(True), "Q4_K_M", None),  # not a llama_ftype id
+    (exact.Exactness(False, "--no-exact"), "15", None),  # the stock kernels: not known here
+])
+def test_batch_padding_follows_the_exact_kernel_of_the_file_type(exactness, file_type, padding):
+    assert exact.batch_padding(exactness, file_type) == padding
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda m: m.setenv(exact.ENV, "0"), "--no-exact"),
     (lambda m: m.setattr(exact, "_IN_FORCE_FROM_START", False), "import lookahead first"),

@@ -106,6 +106,11 @@ class LlamaCppTarget:
         return self._exactness.reason
 
     @property
+    def batch_padding(self) -> tuple[int, int] | None:
+        """How this build pads batches (lookahead.engine.PaddedTarget; adapters.exact)."""
+        return exact.batch_padding(self._exactness, self.llm.metadata.get("general.file_type"))
+
+    @property
     def penalty_last_n(self) -> int:
         """Tokens the repeat/frequency/presence penalties look back on (the Llama's setting)."""
         return int(getattr(self.llm, "last_n_tokens_size", 64))

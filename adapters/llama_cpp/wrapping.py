@@ -43,16 +43,17 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
     else:
         state.prefix_states = None
     cost = state.cost
-    if cost is None or cost.max_batch != target.max_batch:
+    if cost is None or cost.max_batch != target.max_batch or cost.padding != target.batch_padding:
         # The curve measured for this model, build and machine in an earlier process: no
         # calibration in the first request. It is on probation: if the first real decodes
         # disagree with it by more than 1.5x (another load, another machine), it is dropped
         # and measured again (CostModel.from_dict).
         known = target.measurements.known()
         try:
-            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": known["verify_ms"]})
+            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": known["verify_ms"]},
+                                       padding=target.batch_padding)
         except (KeyError, ValueError):
-            cost = CostModel(max_batch=target.max_batch)
+            cost = CostModel(max_batch=target.max_batch, padding=target.batch_padding)
         if known.get("decode_threads") and threads == "auto" and state.tuned_threads is None:
             state.tuned_threads = int(known["decode_threads"])
         state.cost = cost

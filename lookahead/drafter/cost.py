@@ -47,6 +47,13 @@ class CostModel:
     largest (else the smallest) to the largest (or `prior_slope` times t(1) when only one size
     was seen), so that a longer draft gets tried and timed.
 
+    `padding` (from_n, multiple): the backend's kernels compute a batch of from_n or more
+    tokens as one padded to a multiple of `multiple` tokens, so its cost is the padded size's
+    (the set-up's exact K-quant kernel: 12 and up padded to 16, see adapters.exact; t(17) is
+    0.94 times t(32) there, and t(64) 0.75-0.84 times t(65)). Timings are kept under the padded size
+    and every size of a class is priced as its top, so the drafter fills a class it pays
+    for, and a size never drafted is priced from the class it falls in.
+
     A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
     dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
     real observations of each size are compared with it, and when `revalidate_after` of them
@@ -56,10 +63,21 @@ class CostModel:
     """
 
     def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
-                 learning: bool = True):
+                 learning: bool = True, padding: tuple[int, int] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = int(max_batch)
+        if padding is not None:
+            ok = isinstance(padding, tuple) and len(padding) == 2 and all(type(x) is int for x in padding)
+            if not (ok and padding[0] >= 2 and padding[1] >= 1):
+                raise ValueError(f"padding must be (from_n >= 2, multiple >= 1), integers, got {padding!r}")
+        self.padding = padding
+        # [n] the size whose cost a decode of n tokens has (n itself without padding)
+        sizes = np.arange(self.max_batch + 1)
+        if padding is not None:
+            padded = -(-sizes // padding[1]) * padding[1]
+            sizes = np.where(sizes >= padding[0], np.minimum(padded, self.max_batch), sizes)
+        self._class_of = sizes
         self.prior_slope = float(prior_slope)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -92,6 +110,7 @@ class CostModel:
             return
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
+        n_tokens = int(self._class_of[n_tokens])
         if n_tokens in self._restored and self._probation(n_tokens, float(ms)):
             return
         self._seen[n_tokens] += 1
@@ -179,7 +198,8 @@ class CostModel:
             if 1 <= n_tokens <= cost.max_batch and ms > 0 and not math.isinf(ms):
                 cost.observe(n_tokens, ms)
         cost.learning = learning
-        cost._restored = {n: ms for n, ms in points.items() if 1 <= n <= cost.max_batch and cost._seen[n]}
+        cost._restored = {int(cost._class_of[n]): ms for n, ms in points.items()
+                          if 1 <= n <= cost.max_batch and cost._seen[cost._class_of[n]]}
         return cost
 
     def curve(self) -> np.ndarray:
@@ -216,6 +236,7 @@ class CostModel:
             curve[beyond] = last_t + slope * (n[beyond] - last_n)
             below = n < sizes[0]
             curve[below] = times[0] * np.maximum(n[below], 1) / sizes[0] if sizes[0] > 1 else times[0]
+        curve = curve[self._class_of]  # each size at its class's cost
         curve[0] = curve[1]
         self._curve = curve
         return curve
