@@ -50,9 +50,9 @@ class CostModel:
     `padding` (from_n, multiple): the backend's kernels compute a batch of from_n or more
     tokens as one padded to a multiple of `multiple` tokens, so its cost is the padded size's
     (the set-up's exact K-quant kernel: 12 and up padded to 16, see adapters.exact; t(17) is
-    0.94 times t(32) there, and t(64) 0.75-0.84 times t(65)). Timings are kept under the padded size
-    and every size of a class is priced as its top, so the drafter fills a class it pays
-    for, and a size never drafted is priced from the class it falls in.
+    0.94 times t(32) there, and t(64) 0.75-0.84 times t(65)). Timings are kept under the
+    padded size and every size of a class is priced as its top, so the drafter fills a class
+    it pays for, and a size never drafted is priced from the class it falls in.
 
     A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
     dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
