@@ -10,9 +10,8 @@ With speculation off every draft is empty, so the plain path runs through the sa
 The backend contract is here too, as Protocols: `Target` (what the loop calls), the optional
 `TreeTarget`, `TunedTarget`, `ContendedTarget` and `PaddedTarget`, and what the wrapper
 (`lookahead.api`) needs besides: `TextTarget`, and the optional `PlainTarget` and
-`ModelFileTarget`. Optional
-extensions are found with `isinstance` (the Protocols are runtime-checkable); required
-members are called as they are.
+`ModelFileTarget`. Optional extensions are found with `isinstance` (the Protocols are
+runtime-checkable); required members are called as they are.
 """
 from __future__ import annotations
 

@@ -215,12 +215,11 @@ def _parse_curve(text: str) -> tuple[tuple[int, float], ...]:
 
 def _parse_padding(text: str) -> tuple[int, int]:
     try:
-        from_n, multiple = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected FROM:MULTIPLE (e.g. 12:16), got {text!r}") from None
-    if from_n < 2 or multiple < 1:
-        raise argparse.ArgumentTypeError(f"expected FROM >= 2 and MULTIPLE >= 1, got {text!r}")
-    return from_n, multiple
+        padding = tuple(int(x) for x in text.split(":"))
+        CostModel(max_batch=1, padding=padding)  # its own check of the values
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected FROM:MULTIPLE (e.g. 12:16), got {text!r}: {e}") from None
+    return padding
 
 
 def _geomean(values: Sequence[float]) -> float:

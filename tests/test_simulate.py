@@ -113,6 +113,21 @@ def test_report_and_command_line(tmp_path, capsys):
         simulate.main([str(path), "--curve", "ten"])
 
 
+def test_padding_on_the_command_line(tmp_path, capsys):
+    prompt, output = copy_trace()
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps([{"id": "copy", "category": "edit", "temperature": 0.0, "prompt": prompt,
+                                 "output": output}]))
+    simulate.main([str(path), "--curve", "1:10,16:20,32:30", "--padding", "12:16"])
+    assert "padding 12:16" in capsys.readouterr().out
+    padded = simulate.pinned_cost(((1, 10.0), (16, 20.0), (32, 30.0)), padding=(12, 16))
+    assert padded.cost_ms(17) == padded.cost_ms(32) == pytest.approx(30.0)
+    for bad in ("1:16", "12", "a:b"):
+        with pytest.raises(SystemExit):
+            simulate.main([str(path), "--padding", bad])
+        assert f"got {bad!r}" in capsys.readouterr().err
+
+
 def test_pinned_cost_learns_nothing():
     cost = simulate.pinned_cost(((1, 8.8), (2, 22.9)))
     cost.observe(1, 100.0)

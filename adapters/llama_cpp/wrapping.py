@@ -43,7 +43,7 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
     else:
         state.prefix_states = None
     cost = state.cost
-    if cost is None or cost.max_batch != target.max_batch or cost.padding != target.batch_padding:
+    if cost is None or cost.max_batch != target.max_batch:
         # The curve measured for this model, build and machine in an earlier process: no
         # calibration in the first request. It is on probation: if the first real decodes
         # disagree with it by more than 1.5x (another load, another machine), it is dropped
