@@ -98,10 +98,26 @@ def fresh(llm):
 
 
 @pytest.fixture()
-def eager(fresh):
-    """A wrapper whose drafter drafts at every opportunity (flat cost curve)."""
-    import lookahead
+def uncontended(monkeypatch):
+    """The adapter's contention guard off for one test (a hold left on a Llama's state by an
+    earlier request is the caller's to clear: `state_of(llm).contended_until = 0.0`).
 
+    When another process takes a core, the guard rightly moves decodes to the Llama's own
+    thread count and prices batches dearer, so drafts change. Tests whose assertions are about
+    thread counts or drafts use this; the guard has tests of its own that make up contention.
+    """
+    from lookahead.adapters.llama_cpp import threads
+
+    monkeypatch.setattr(threads, "CONTENTION_SLOWDOWN", float("inf"))
+
+
+@pytest.fixture()
+def eager(fresh, uncontended):
+    """A wrapper whose drafter drafts at every opportunity (flat cost curve, no contention guard)."""
+    import lookahead
+    from lookahead.adapters.llama_cpp import state_of
+
+    state_of(fresh).contended_until = 0.0
     fast = lookahead.wrap(fresh, calibrate=False)
     fast.cost = flat_cost_model(fast.target.max_batch)
     return fast

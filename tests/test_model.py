@@ -355,11 +355,12 @@ def one_thread_llm(model_path):
     return llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_threads=1, n_threads_batch=2, verbose=False)
 
 
-def test_decode_threads_are_measured_restored_and_do_not_change_output(one_thread_llm):
+def test_decode_threads_are_measured_restored_and_do_not_change_output(one_thread_llm, uncontended):
     """threads="auto" picks 1 or 2 by timing, gives the Llama its settings back, same text."""
     from lookahead.adapters.llama_cpp import tuned_threads
 
     llm = one_thread_llm
+    state_of(llm).contended_until = 0.0
     reference = llm.create_completion(RAG_PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
     auto = lookahead.wrap(llm)
     out = auto.create_completion(RAG_PROMPT, max_tokens=40, temperature=0, speculate=False)
@@ -437,7 +438,7 @@ def test_a_stale_thread_choice_is_corrected_while_decoding(one_thread_llm, monke
     assert llama_threads(llm) == (1, 2)  # restored
 
 
-def test_the_thread_check_leaves_a_fixed_thread_count_alone(one_thread_llm, monkeypatch):
+def test_the_thread_check_leaves_a_fixed_thread_count_alone(one_thread_llm, monkeypatch, uncontended):
     import lookahead.adapters.llama_cpp as adapter
 
     llm = one_thread_llm
@@ -475,10 +476,11 @@ def tree_llm(model_path):
 
 
 @pytest.fixture()
-def eager_tree(tree_llm):
+def eager_tree(tree_llm, uncontended):
     from conftest import flat_cost_model
 
     clear_kv_cache(tree_llm)
+    state_of(tree_llm).contended_until = 0.0
     fast = lookahead.wrap(tree_llm, calibrate=False)
     fast.cost = flat_cost_model(fast.target.max_batch)
     assert fast.target.tree_width == 4
