@@ -166,6 +166,59 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
+Q8_K_BLOCK_BYTES = 4 + 256 + 2 * 16  # block_q8_K: float d, 256 codes, 16 int16 sums of 16 codes
+
+
+def _q8_K_inputs(rng: np.random.Generator) -> np.ndarray:
+    """Blocks of 256 activations that probe quantize_row_q8_K's every choice: magnitudes over 60
+    binary orders, values on the code grid and half-way between codes (the rounding), ties in
+    magnitude with both signs (which element sets the scale), zeros, subnormals, NaNs and
+    infinities (the reference's own path)."""
+    blocks = []
+    for kind in range(8):
+        for _ in range(64):
+            scale = 2.0 ** rng.integers(-30, 30)
+            x = rng.uniform(-1, 1, 256) * scale
+            if kind == 1:
+                x = rng.integers(-127, 128, 256) / 127 * scale
+            elif kind == 2:
+                x = (rng.integers(-127, 127, 256) + 0.5) / 127 * scale
+            elif kind == 3:
+                x[rng.random(256) < 0.75] = 0
+            elif kind == 4:
+                x = np.where(rng.random(256) < 0.3, rng.choice([-scale, scale], 256), x)
+            elif kind == 5:
+                x = rng.uniform(-1, 1, 256) * 1e-39
+            elif kind == 6:
+                x[rng.integers(0, 256, 3)] = np.nan
+            elif kind == 7:
+                x[rng.integers(0, 256)] = rng.choice([-np.inf, np.inf])
+            blocks.append(x)
+    blocks.append(np.zeros(256))
+    return np.concatenate(blocks).astype(np.float32)
+
+
+def test_q8_K_activation_quantizer_writes_the_reference_bytes(ggml):
+    """Every K-quant product first quantizes its activations with the CPU library's
+    quantize_row_q8_K; the set-up's AVX2 version (adapters/patches/ggml-q8_K-quantize.patch)
+    must write exactly what ggml's scalar reference writes, or every K-quant result changes."""
+    base, cpu = ggml
+    p = ctypes.c_void_p
+    for f in (base.quantize_row_q8_K_ref, cpu.quantize_row_q8_K):
+        f.argtypes, f.restype = [p, p, ctypes.c_int64], None
+    x = _q8_K_inputs(np.random.default_rng(8))
+    n_blocks = x.size // 256
+    outputs = []
+    for f in (base.quantize_row_q8_K_ref, cpu.quantize_row_q8_K):
+        out = np.full(n_blocks * Q8_K_BLOCK_BYTES, 0x5A, dtype=np.uint8)  # an all-zero block leaves the sums as found
+        f(x.ctypes.data, out.ctypes.data, x.size)
+        outputs.append(out.reshape(n_blocks, Q8_K_BLOCK_BYTES))
+    ref, ours = outputs
+    differ = np.flatnonzero((ref != ours).any(axis=1))
+    assert differ.size == 0, f"blocks {differ[:10].tolist()} (of {n_blocks}) differ from quantize_row_q8_K_ref"
+    assert len({bytes(b[:4]) for b in ref}) > n_blocks // 2  # the inputs do reach many scales
+
+
 @pytest.mark.parametrize("wtype", list(GGML_OTHER_FORMATS.values()), ids=list(GGML_OTHER_FORMATS))
 def test_other_formats_are_exact_in_exact_mode(ggml, wtype):
     """Formats without a batch kernel the exact mode keeps (stock llama.cpp repacks Q4_0 or
