@@ -166,6 +166,30 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
+# ggml's tiled kernel takes batches of 8 or more rows of these formats (in exact mode every
+# batch, and Q4_K, Q5_K and Q6_K below 12 rows take lookahead's small-batch kernel instead);
+# the set-up's AVX2 microtile (adapters/patches/ggml-tiled-avx2-sums.patch) rearranges its
+# integer sums, and a wrong one (a lost mins term, a column's sum in another's lane) shows
+# as a product far from the true one.
+GGML_TILED_FORMATS = {"Q2_K": 10, "Q3_K": 11, **GGML_K_QUANTS, "IQ4_XS": 23}
+
+
+@pytest.mark.parametrize("wtype", list(GGML_TILED_FORMATS.values()), ids=list(GGML_TILED_FORMATS))
+def test_tiled_formats_give_the_true_product(ggml, wtype):
+    rng = np.random.default_rng(100 + wtype)
+    m, k = 40, 1024  # rows no multiple of 16: ragged microtiles
+    weights = rng.normal(0.01, 0.05, size=(m, k))
+    for n in (8, 13, 16, 17, 40):  # the narrow path (up to 16 rows) and the standard one
+        xs = rng.normal(0, 1, size=(n, k))
+        raw, batched, single = _products(ggml, wtype, weights, xs)
+        exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
+        scale = np.abs(exact).max()
+        assert np.abs(batched - exact).max() < 0.02 * scale, f"n={n}: off the true product"
+        if health.exact_batches_requested() and health.K_QUANT_EXACT in health.build_patches():
+            differ = np.flatnonzero((batched != single).any(axis=1))
+            assert differ.size == 0, f"n={n}: columns {differ.tolist()} differ from one-column products"
+
+
 Q8_K_BLOCK_BYTES = 4 + 256 + 2 * 16  # block_q8_K: float d, 256 codes, 16 int16 sums of 16 codes
 
 
