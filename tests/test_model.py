@@ -320,23 +320,28 @@ def test_references_are_drafted_from(eager):
     """A reference the prompt does not contain feeds drafts: here, the plain output itself.
 
     (A prompt whose greedy output has no near-tie early: with a prose prompt the batched first
-    pass can flip the second token, and the reference no longer matches what follows.)
+    pass can flip the second token, and the reference no longer matches what follows.) The
+    answer's first 16 tokens: on some CPUs this model counts in digits, "1234567890123...",
+    which the running context predicts by itself once the first ten are out, so a longer
+    answer would hide what the reference adds.
     """
-    plain = eager.create_completion(COUNT_PROMPT, max_tokens=60, temperature=0, speculate=False)
+    n = 16
+    plain = eager.create_completion(COUNT_PROMPT, max_tokens=n, temperature=0, speculate=False)
     text = plain["choices"][0]["text"]
-    without = eager.create_completion(COUNT_PROMPT, max_tokens=60, temperature=0)["speculation"]
-    with_ref = eager.create_completion(COUNT_PROMPT, max_tokens=60, temperature=0, references=[text])
+    without = eager.create_completion(COUNT_PROMPT, max_tokens=n, temperature=0)["speculation"]
+    with_ref = eager.create_completion(COUNT_PROMPT, max_tokens=n, temperature=0, references=[text])
     spec = with_ref["speculation"]
     print(f"\ncounting: accepted {without['accepted']} without the reference, {spec['accepted']} with it "
           f"(of {spec['generated_tokens']})")
     assert with_ref["choices"][0]["text"] == text
     assert spec["accepted"] >= 0.8 * spec["generated_tokens"]
-    assert spec["accepted"] >= without["accepted"] + 20
+    assert spec["accepted"] >= without["accepted"] + n // 2
+    assert spec["by_source"]["1"][1] >= 0.8 * spec["generated_tokens"]  # accepted from the reference
     eager.add_reference(text)  # registered for every request
-    assert eager.create_completion(COUNT_PROMPT, max_tokens=60, temperature=0)["speculation"]["accepted"] \
+    assert eager.create_completion(COUNT_PROMPT, max_tokens=n, temperature=0)["speculation"]["accepted"] \
         == spec["accepted"]
     eager.clear_references()
-    assert eager.create_completion(COUNT_PROMPT, max_tokens=60, temperature=0)["speculation"]["accepted"] \
+    assert eager.create_completion(COUNT_PROMPT, max_tokens=n, temperature=0)["speculation"]["accepted"] \
         == without["accepted"]
 
 

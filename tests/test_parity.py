@@ -7,6 +7,8 @@ on near-ties), so the texts must be identical, byte for byte, with llama-cpp-pyt
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import lookahead
@@ -17,6 +19,12 @@ pytestmark = pytest.mark.model
 
 COUNT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
          "Write the numbers from 1 to 30 in words, separated by commas.<|im_end|>\n<|im_start|>assistant\n")
+# A retelling: prose of the model's own (no number pattern that drafts would predict by
+# themselves), whose words the stop test picks its stop string from.
+STORY = ("<|im_start|>system\nRepeat the user's text exactly.<|im_end|>\n<|im_start|>user\n"
+         "The old lighthouse keeper counted seven ships, two gulls and one lost kite before the evening storm "
+         "rolled in from the west, and then he wrote all of it down in his blue notebook.<|im_end|>\n"
+         "<|im_start|>assistant\n")
 MULTIBYTE = ("<|im_start|>system\nRepeat the user's text exactly.<|im_end|>\n<|im_start|>user\n"
              "Renée et Tomás — “crème brûlée” à Zürich, 東京 😀<|im_end|>\n<|im_start|>assistant\n")
 
@@ -58,14 +66,32 @@ def test_stop_strings(pair, stop):
     assert got["speculation"]["accepted"] > 0 or len(got["choices"][0]["text"]) < 8
 
 
+def late_word(text: str) -> str:
+    """A word of five or more letters in the second half of `text` that does not occur earlier:
+    a stop string that plain decoding reaches late, whatever words this model chose."""
+    for m in re.finditer(r"[A-Za-z]{5,}", text):
+        if m.start() >= len(text) // 2 and text.find(m.group()) == m.start():
+            return m.group()
+    raise AssertionError(f"no late word to stop at in {text!r}")
+
+
 def test_stop_strings_streamed(pair):
+    """A stop string met inside an accepted draft, streamed: plain's text, finish reason 'stop'.
+
+    (The stop string comes from plain's own output: a fixed one, such as "twenty" in the
+    counting prompt, is never met where this model writes digits instead of words.)
+    """
     plain, ours, _ = pair
-    ref = reference_for(plain, COUNT)
-    expected = plain(COUNT, max_tokens=120, temperature=0, stop=["twenty"])
-    chunks = list(ours(COUNT, max_tokens=120, temperature=0, stop=["twenty"], references=[ref], stream=True))
+    ref = reference_for(plain, STORY)
+    stop = late_word(ref)
+    expected = plain(STORY, max_tokens=120, temperature=0, stop=[stop])
+    assert expected["choices"][0]["finish_reason"] == "stop"
+    chunks = list(ours(STORY, max_tokens=120, temperature=0, stop=[stop], references=[ref], stream=True))
     assert "".join(c["choices"][0]["text"] for c in chunks) == expected["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert chunks[-1]["speculation"]["accepted"] > 20
+    spec = chunks[-1]["speculation"]
+    print(f"\nstop {stop!r}: accepted {spec['accepted']} of {spec['generated_tokens']}")
+    assert spec["accepted"] >= 0.6 * spec["generated_tokens"]
 
 
 def test_echo(pair):
