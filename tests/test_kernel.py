@@ -168,7 +168,7 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
 
 # ggml's tiled kernel takes batches of 8 or more rows of these formats (in exact mode every
 # batch, and Q4_K, Q5_K and Q6_K below 12 rows take lookahead's small-batch kernel instead);
-# the set-up's AVX2 microtile (adapters/patches/ggml-tiled-avx2-sums.patch) rearranges its
+# the set-up's AVX2 microtile (adapters/patches/ggml-tiled-same-results.patch) rearranges its
 # integer sums, and a wrong one (a lost mins term, a column's sum in another's lane) shows
 # as a product far from the true one.
 GGML_TILED_FORMATS = {"Q2_K": 10, "Q3_K": 11, **GGML_K_QUANTS, "IQ4_XS": 23}
