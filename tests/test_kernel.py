@@ -272,6 +272,17 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
         "llama-cpp-python was not built by scripts/setup.sh with adapters/patches applied")
 
 
+def test_setup_compiled_in_the_speed_patches():
+    """On x86 with AVX2 the set-up's build also holds the two patches that change no result
+    (the Q8_K quantizer, the tiled microtile): a build without them is slower, not wrong."""
+    if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
+        pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
+    if health.system_info().get("AVX2") != "1":
+        pytest.skip("both are for x86 with AVX2")
+    missing = {health.Q8_K_QUANTIZER, health.TILED_SAME_RESULTS} - set(health.build_patches())
+    assert not missing, f"llama-cpp-python was built without {sorted(missing)}: run scripts/setup.sh"
+
+
 def test_build_patches_reads_the_marker(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.Q4_1_KERNEL] + b"...")
     assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL]
