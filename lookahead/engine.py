@@ -197,6 +197,7 @@ def generate_tokens(
         kv_tokens = list(prompt[:n_prefilled])
         t_index = time.perf_counter()
         index.extend(prompt)
+        index.begin_output()
         t_indexed = time.perf_counter()
         stats.prefill_ms = 1000 * (t_indexed - t_start)
         stats.index_ms += 1000 * (t_indexed - t_index)

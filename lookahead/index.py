@@ -130,6 +130,9 @@ class SuffixIndex:
         self.max_match = int(max_match)
         self.max_candidates = int(max_candidates)
         self._sources: list[_Source] = [_Source(sizes)]
+        # Where the output begins in the running context (`begin_output`): None while the
+        # whole context counts as output.
+        self.output_start: int | None = None
 
     # ---- building ------------------------------------------------------------------
     def add_reference(self, tokens: Sequence[int]) -> int:
@@ -146,9 +149,23 @@ class SuffixIndex:
         for t in tokens:
             ctx.append(int(t))
 
+    def begin_output(self) -> None:
+        """Mark the end of the prompt: the context's tokens from here on are the output."""
+        self.output_start = self._sources[CONTEXT].size
+
+    def tie_rank(self, position: tuple[int, int]) -> int:
+        """How a continuation from `position` ranks when occurrences disagree evenly: 0 where it
+        is the output so far (the model's own recent text), 1 in a reference (a text the
+        caller says the output may copy), 2 in the prompt (mostly instructions, seldom copied)."""
+        sid, p = position
+        if sid != CONTEXT:
+            return 1
+        return 2 if self.output_start is not None and p < self.output_start else 0
+
     def reset(self) -> None:
         """Forget the running context (references stay)."""
         self._sources[CONTEXT] = _Source(self.ngram_sizes)
+        self.output_start = None
 
     def __len__(self) -> int:
         return self._sources[CONTEXT].size

@@ -78,6 +78,7 @@ def _new_index(prompt: Sequence[int], references: Sequence[Sequence[int]]) -> Su
     for ref in references:
         index.add_reference(ref)
     index.extend(prompt)
+    index.begin_output()
     return index
 
 

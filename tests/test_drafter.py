@@ -494,6 +494,45 @@ def test_follow_majority_unanimous_prefix_then_split():
     assert agreement == pytest.approx([2 / 3, 0.5])
 
 
+def test_follow_majority_split_prefers_output_then_reference_then_prompt():
+    # Prompt [1, 2, 3, 9, 1] (output begins after it), reference [1, 2, 4]; the suffix [1]
+    # occurs at context end 1 (in the prompt, then 2, 3) and reference end 1 (then 2, 4).
+    # Token 1: unanimous 2. Token 2: 3 (prompt) against 4 (reference), one each: the
+    # reference wins, though the prompt's occurrence is preferred by recency.
+    index = SuffixIndex()
+    ref = index.add_reference([1, 2, 4])
+    index.extend([1, 2, 3, 9, 1])
+    index.begin_output()
+    match = Match(1, ((0, 1), (ref, 1)))
+    assert [index.tie_rank(p) for p in match.positions] == [2, 1]
+    tokens, agreement = _follow_majority(index, match, depth=2)
+    assert tokens == [2, 4]
+    assert agreement == pytest.approx([1.0, 0.5])
+    # Output tokens [2, 5, 1]: the occurrence at context end 5 (the prompt's last token) is
+    # followed by the model's own text, and wins a three-way split.
+    index.extend([2, 5, 1])
+    match = Match(1, ((0, 5), (ref, 1), (0, 1)))
+    assert [index.tie_rank(p) for p in match.positions] == [0, 1, 2]
+    tokens, agreement = _follow_majority(index, match, depth=2)
+    assert tokens == [2, 5]
+    assert agreement == pytest.approx([1.0, 1 / 3])
+    # Without begin_output the whole context ranks as output: recency decides, as before.
+    index = SuffixIndex()
+    ref = index.add_reference([1, 2, 4])
+    index.extend([1, 2, 3, 9, 1])
+    assert _follow_majority(index, Match(1, ((0, 1), (ref, 1))), depth=2)[0] == [2, 3]
+    # A one-token count splits evenly between the prompt's 7 and the reference's 8.
+    index = SuffixIndex()
+    ref = index.add_reference([6, 8])
+    index.extend([6, 7, 6])
+    index.begin_output()
+    tokens, agreement = _follow_majority(index, Match(1, ((0, 1), (ref, 1))), depth=1)
+    assert tokens == [8]
+    assert agreement == pytest.approx([0.5])
+    index.reset()
+    assert index.output_start is None
+
+
 # --- Drafter.propose / record ------------------------------------------------------------------
 
 SEQ = list(range(100, 140))  # 40 distinct tokens

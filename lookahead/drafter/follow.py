@@ -12,18 +12,24 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
     """Follow the most frequent continuation of the match's occurrences, token by token.
 
     Returns the tokens and, for each, the fraction of the occurrences still followed that
-    agree on it (1.0 where they all agree). Ties go to the preferred (most recent) occurrence.
+    agree on it (1.0 where they all agree). An even split goes to the occurrence of best
+    `index.tie_rank` (the output so far, then references, then the prompt), and among those
+    to the preferred (most recent) one.
     `context_end`: as the index was when it held that many context tokens (the match's time).
     """
     if depth == 1 and len(match.positions) > 1:  # one token (the step after a plain decode): count
         counts: dict[int, int] = {}
+        rank: dict[int, int] = {}  # each token's best tie rank
         for pos in match.positions:
             first = index.continuation(pos, 1, cyclic=True, context_end=context_end)
             if len(first):
-                counts[int(first[0])] = counts.get(int(first[0]), 0) + 1
+                token = int(first[0])
+                counts[token] = counts.get(token, 0) + 1
+                rank[token] = min(rank.get(token, 3), index.tie_rank(pos))
         if not counts:
             return [], np.ones(0)
-        token = max(counts, key=counts.__getitem__)  # the first seen among the most frequent
+        # the most frequent; of those, the best ranked; of those, the first seen
+        token = min(counts, key=lambda t: (-counts[t], rank[t]))
         return [token], np.array([counts[token] / sum(counts.values())])
     conts = [index.continuation(pos, depth, cyclic=True, context_end=context_end) for pos in match.positions]
     if len(conts) == 1:
@@ -32,6 +38,7 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
     table = np.full((len(conts), width), -1, dtype=np.int64)  # [occurrences, depth], -1 = ended
     for row, c in enumerate(conts):
         table[row, : len(c)] = c
+    ranks = np.array([index.tie_rank(pos) for pos in match.positions])  # [occurrences]
     alive = np.arange(len(conts))
     tokens: list[int] = []
     agreement: list[float] = []
@@ -50,12 +57,15 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
         present = col >= 0
         if not present.any():
             break
-        values, first_seen, counts = np.unique(col[present], return_index=True, return_counts=True)
-        best = np.flatnonzero(counts == counts.max())
-        choice = best[np.argmin(first_seen[best])]  # tie: the most preferred occurrence
-        token = int(values[choice])
+        values, counts = np.unique(col[present], return_counts=True)
+        best = values[counts == counts.max()]
+        if len(best) == 1:
+            token = int(best[0])
+        else:  # an even split: the best-ranked occurrence among the tied, the most preferred of those
+            tied = np.flatnonzero(present & np.isin(col, best))  # in preference order
+            token = int(col[tied[np.argmin(ranks[alive[tied]])]])
         tokens.append(token)
-        agreement.append(float(counts[choice]) / int(present.sum()))
+        agreement.append(float(counts[values == token][0]) / int(present.sum()))
         alive = alive[col == token]
         d += 1
     return tokens, np.array(agreement)
