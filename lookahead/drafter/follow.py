@@ -19,17 +19,18 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
     """
     if depth == 1 and len(match.positions) > 1:  # one token (the step after a plain decode): count
         counts: dict[int, int] = {}
-        rank: dict[int, int] = {}  # each token's best tie rank
+        firsts: list[tuple[int, tuple[int, int]]] = []  # (token, occurrence), in preference order
         for pos in match.positions:
             first = index.continuation(pos, 1, cyclic=True, context_end=context_end)
             if len(first):
                 token = int(first[0])
                 counts[token] = counts.get(token, 0) + 1
-                rank[token] = min(rank.get(token, 3), index.tie_rank(pos))
+                firsts.append((token, pos))
         if not counts:
             return [], np.ones(0)
-        # the most frequent; of those, the best ranked; of those, the first seen
-        token = min(counts, key=lambda t: (-counts[t], rank[t]))
+        top = max(counts.values())
+        tied = [(t, pos) for t, pos in firsts if counts[t] == top]
+        token = min(tied, key=lambda tp: index.tie_rank(tp[1]))[0] if len(tied) > 1 else tied[0][0]
         return [token], np.array([counts[token] / sum(counts.values())])
     conts = [index.continuation(pos, depth, cyclic=True, context_end=context_end) for pos in match.positions]
     if len(conts) == 1:
@@ -38,7 +39,6 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
     table = np.full((len(conts), width), -1, dtype=np.int64)  # [occurrences, depth], -1 = ended
     for row, c in enumerate(conts):
         table[row, : len(c)] = c
-    ranks = np.array([index.tie_rank(pos) for pos in match.positions])  # [occurrences]
     alive = np.arange(len(conts))
     tokens: list[int] = []
     agreement: list[float] = []
@@ -63,7 +63,7 @@ def _follow_majority(index: SuffixIndex, match: Match, depth: int,
             token = int(best[0])
         else:  # an even split: the best-ranked occurrence among the tied, the most preferred of those
             tied = np.flatnonzero(present & np.isin(col, best))  # in preference order
-            token = int(col[tied[np.argmin(ranks[alive[tied]])]])
+            token = int(col[min(tied, key=lambda i: index.tie_rank(match.positions[alive[i]]))])
         tokens.append(token)
         agreement.append(float(counts[values == token][0]) / int(present.sum()))
         alive = alive[col == token]
