@@ -460,11 +460,17 @@ def test_follow_majority_ended_occurrences_leave_the_vote():
 
 def test_follow_majority_of_one_token_is_the_first_token_of_a_longer_one():
     # The one-token path (a dict count, used for the free evidence after a plain decode) must
-    # pick what the general path picks first, with the same agreement, ties to recency.
+    # pick what the general path picks first, with the same agreement and the same tie-breaks.
+    # Half the cases have a reference and the prompt marked, so that even splits go by tie rank.
     rng = np.random.default_rng(7)
-    for _ in range(300):
+    for case in range(300):
         index = SuffixIndex()
+        if case % 2:
+            index.add_reference(rng.integers(0, 4, size=int(rng.integers(4, 20))).tolist())
         index.extend(rng.integers(0, 4, size=int(rng.integers(8, 60))).tolist())
+        if case % 2:
+            index.begin_output()
+            index.extend(rng.integers(0, 4, size=int(rng.integers(1, 20))).tolist())
         match = index.query()
         if match is None:
             continue
