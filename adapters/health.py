@@ -321,20 +321,24 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     stage("prefill")
     target.begin(prompt)
     target.decode(prompt[-1:], 1)
+    # One-token decodes at the Llama's own thread count and at its batch count: llama-cpp-python
+    # defaults the first to half the CPUs, which is slow where the CPUs are not SMT siblings.
+    # The curve below is timed with the faster, as lookahead's decodes run (threads="auto").
+    own, batch = int(llm.n_threads), int(llm.n_threads_batch)
+    one_token: dict[str, float] = {}
+    for n_threads in sorted({own, batch}):
+        stage(f"decode 1, {n_threads} threads")
+        llama_cpp.llama_set_n_threads(llm._ctx.ctx, n_threads, batch)
+        one_token[str(n_threads)] = round(float(np.median(
+            [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
+    fastest = min(one_token, key=one_token.get)
+    llama_cpp.llama_set_n_threads(llm._ctx.ctx, int(fastest), batch)
     timings: dict[str, list[float]] = {str(n): [] for n in PROBE_SIZES}
     for _ in range(reps):
         for n in PROBE_SIZES:
             stage(f"decode {n}")
             for size, ms in target.calibrate([n], reps=1).items():
                 timings[str(size)].append(ms)
-    # One-token decodes at the Llama's own thread count and at its batch count: llama-cpp-python
-    # defaults the first to half the CPUs, which is slow where the CPUs are not SMT siblings.
-    own, batch = int(llm.n_threads), int(llm.n_threads_batch)
-    one_token: dict[str, float] = {}
-    for n_threads in sorted({own, batch}):
-        llama_cpp.llama_set_n_threads(llm._ctx.ctx, n_threads, batch)
-        one_token[str(n_threads)] = round(float(np.median(
-            [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, own, batch)
     stage("parity")
     parity = batch_parity(target)

@@ -30,7 +30,8 @@ def doctor(model_path, context_tokens, as_json):
 
     Prints the llama-cpp-python build (its compiled CPU features, GPU offload, and which of
     lookahead's llama.cpp patches it holds), what the CPU reports, the thread defaults, and
-    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after a --context-token prompt.
+    t(1)/t(8)/t(64): one decode of 1, 8 and 64 tokens after a --context-token prompt, single
+    tokens with the faster of the two thread counts (as lookahead decodes them).
     Speculation verifies a draft of k tokens in one decode of k + 1, so this curve says how
     much it can gain here. It also compares the rows of a batched
     decode with the same tokens decoded one at a time (bit-identical, or how far apart): where

@@ -382,6 +382,49 @@ def test_decode_threads_are_measured_restored_and_do_not_change_output(one_threa
     assert llama_threads(llm) == (1, 2)
 
 
+def test_a_cached_curve_keeps_its_t1_only_for_the_thread_count_it_was_timed_with(one_thread_llm, tmp_path,
+                                                                                 monkeypatch):
+    """The cache key holds the Llama's own n_threads (1 here), but wrap(threads=2) decodes
+    single tokens with 2: a t(1) timed with 1 thread (doctor's child, another wrapper) is not
+    restored for it, so a curve that is right for batches is not dropped on probation and
+    timed again in a user's request. Batch sizes are restored either way."""
+    from lookahead import cache
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS, Measurements
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    llm = one_thread_llm
+    saved = {"1": 12.0, "8": 40.0, "64": 250.0}
+    cache.put(MEASUREMENTS, Measurements(llm).key, {"verify_ms": saved, "verify_threads": 1})
+    state = state_of(llm)
+    monkeypatch.setattr(state, "cost", None)
+    other = lookahead.wrap(llm, threads=2)
+    assert set(other.cost.to_dict()["ms"]) == {"8", "64"}
+    assert not other.cost.needs_calibration
+    monkeypatch.setattr(state, "cost", None)
+    same = lookahead.wrap(llm, threads=1)
+    assert same.cost.to_dict()["ms"] == saved
+    # an entry from before the thread count was kept: restored whole, on probation as ever
+    cache.put(MEASUREMENTS, Measurements(llm).key, {"verify_ms": saved})
+    monkeypatch.setattr(state, "cost", None)
+    assert lookahead.wrap(llm, threads=2).cost.to_dict()["ms"] == saved
+
+
+def test_calibration_keeps_the_one_token_thread_count_with_the_curve(one_thread_llm, tmp_path, monkeypatch,
+                                                                       uncontended):
+    from lookahead import cache
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS, Measurements
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    llm = one_thread_llm
+    monkeypatch.setattr(state_of(llm), "cost", None)
+    fast = lookahead.wrap(llm, threads=2)
+    assert fast.cost.needs_calibration  # nothing cached here
+    out = fast.create_completion(RAG_PROMPT, max_tokens=8, temperature=0)
+    assert out["speculation"]["calibration_ms"] > 0
+    kept = cache.get(MEASUREMENTS, Measurements(llm).key)
+    assert kept["verify_threads"] == 2 and "1" in kept["verify_ms"]
+
+
 def test_contended_decodes_fall_back_to_the_llamas_own_threads(one_thread_llm, monkeypatch):
     """Threads that do not get their cores (CPU time / wall time well under the thread count,
     one-token decodes much slower than the fastest) make the adapter use the Llama's n_threads for the rest of the request and for the next

@@ -324,7 +324,7 @@ class LlamaCppTarget:
         cost = state_of(self.llm).cost
         if cost is not None and cost.calibrated and cost.observations - self._saved_observations >= 64:
             # what real decodes taught the curve, for the next process (not only the calibration)
-            self.measurements.remember(verify_ms=cost.to_dict()["ms"])
+            self._remember_curve(cost.to_dict()["ms"])
             self._saved_observations = cost.observations
         self._threads.end()
         if not self._began:
@@ -416,5 +416,11 @@ class LlamaCppTarget:
                 self.rollback(base)
         out = {n: float(np.median(v)) for n, v in times.items()}
         if out:
-            self.measurements.remember(verify_ms={str(n): round(ms, 3) for n, ms in out.items()})
+            self._remember_curve({str(n): round(ms, 3) for n, ms in out.items()})
         return out
+
+    def _remember_curve(self, verify_ms: dict[str, float]) -> None:
+        """Keep a verify-cost curve for later processes, with the thread count its one-token
+        decodes ran with: the cache key holds the Llama's own `n_threads`, but a wrapper may
+        decode single tokens with another count (`threads`), 1.5x apart on 2 cores."""
+        self.measurements.remember(verify_ms=verify_ms, verify_threads=self._threads.current)

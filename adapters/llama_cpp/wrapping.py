@@ -49,16 +49,39 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
         # disagree with it by more than 1.5x (another load, another machine), it is dropped
         # and measured again (CostModel.from_dict).
         known = target.measurements.known()
-        try:
-            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": known["verify_ms"]},
-                                       padding=target.batch_padding)
-        except (KeyError, ValueError):
-            cost = CostModel(max_batch=target.max_batch, padding=target.batch_padding)
         if known.get("decode_threads") and threads == "auto" and state.tuned_threads is None:
             state.tuned_threads = int(known["decode_threads"])
+        try:
+            cost = CostModel.from_dict({"max_batch": target.max_batch,
+                                        "ms": restorable_curve(known, one_token_threads(llm, threads))},
+                                       padding=target.batch_padding)
+        except (KeyError, TypeError, ValueError):  # none kept, or not a curve
+            cost = CostModel(max_batch=target.max_batch, padding=target.batch_padding)
         state.cost = cost
     return Lookahead(target, speculate=speculate, max_draft=max_draft, calibrate=calibrate, cost=cost,
                      observer=observer)
+
+
+def one_token_threads(llm: "llama_cpp.Llama", threads: int | str) -> int | None:
+    """The thread count a wrapper with this `threads` setting decodes single tokens with,
+    where it is known before the first request (None: "auto", not measured yet)."""
+    if threads == "keep":
+        return int(llm.n_threads)
+    if threads == "auto":
+        return state_of(llm).tuned_threads
+    return int(threads)
+
+
+def restorable_curve(known: dict[str, Any], threads: int | None) -> dict[str, float]:
+    """The cached curve's timings ({n: ms}; KeyError without one) that hold for one-token
+    decodes with `threads`: t(1) is dropped when it was measured with another count (batches
+    run with `n_threads_batch`, which the cache key holds), and the first one-token decodes
+    of a request then set the curve's scale."""
+    points = dict(known["verify_ms"])
+    measured_with = known.get("verify_threads")
+    if threads is not None and measured_with is not None and int(measured_with) != threads:
+        points.pop("1", None)
+    return points
 
 
 def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threads: int | None = None,
