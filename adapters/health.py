@@ -159,6 +159,9 @@ class ProbeResult:
     # `batch_parity`): {"rows", "identical", "max_logit_diff"}
     parity: dict[str, Any] = field(default_factory=dict)
     rpc_devices: list[dict] = field(default_factory=list)  # with `rpc`: the servers' devices (rpc.devices)
+    # What lookahead's first request with the child's settings would measure: {"key" (the
+    # measurement cache's), "decode_threads", "verify_ms", "verify_threads"}
+    measurements: dict[str, Any] = field(default_factory=dict)
     error: str = ""  # the tail of the child's stderr, or why it could not run
     cause: str = ""  # for a failure: what went wrong and how to fix it
 
@@ -179,7 +182,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
     cmd = command or [sys.executable, "-m", "lookahead.adapters.health", str(model_path),
                       str(context_tokens), str(reps)]
     result = ProbeResult(ok=False, model=str(model_path))
-    # The child's timings are for this report only: a short context, not the user's settings.
+    # The child writes no cache: the parent keeps what it measured (keep_measurements).
     env = {**os.environ, **(extra_env or {}), "LOOKAHEAD_HEALTH_CHILD": "1", "LOOKAHEAD_NO_CACHE": "1"}
     if rpc:
         env[RPC_ENV] = ",".join(rpc)
@@ -204,6 +207,7 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
             result.model_desc = data.get("model_desc", "")
             result.parity = data.get("parity", {})
             result.rpc_devices = data.get("rpc_devices", [])
+            result.measurements = data.get("measurements", {})
     result.error = "\n".join(proc.stderr.strip().splitlines()[-5:])
     if proc.returncode < 0:
         try:
@@ -213,7 +217,30 @@ def probe(model_path: str | os.PathLike, context_tokens: int = 256, reps: int = 
     result.ok = proc.returncode == 0 and result.stage == "done"
     if not result.ok:
         result.cause = explain(result)
+    elif result.measurements:
+        keep_measurements(result.measurements)
     return result
+
+
+def keep_measurements(measured: dict[str, Any]) -> None:
+    """Keep a probe's thread count and verify-cost curve for lookahead's first request with
+    the same settings (the Llama's defaults: the commands' without --threads, `load()`'s),
+    which then times nothing (the set-up ends with `lookahead doctor`). Only what is missing
+    is filled in: a curve learned from real requests is better than one at the probe's short
+    context. The curve is on probation there as any restored one (CostModel.from_dict)."""
+    from .llama_cpp.state import MEASUREMENTS
+
+    key = measured.get("key")
+    if not key:
+        return
+    known = cache.get(MEASUREMENTS, key) or {}
+    missing = {}
+    if "decode_threads" not in known and measured.get("decode_threads"):
+        missing["decode_threads"] = measured["decode_threads"]
+    if "verify_ms" not in known and measured.get("verify_ms"):
+        missing.update(verify_ms=measured["verify_ms"], verify_threads=measured.get("verify_threads"))
+    if missing:
+        cache.put(MEASUREMENTS, key, {**known, **missing})
 
 
 def explain(result: ProbeResult) -> str:
@@ -306,6 +333,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     import llama_cpp
 
     from lookahead.adapters.llama_cpp import LlamaCppTarget, rpc
+    from lookahead.drafter.cost import CALIBRATION_SIZES
 
     endpoints = [e for e in os.environ.get(RPC_ENV, "").split(",") if e]
     if endpoints:
@@ -332,13 +360,18 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
         one_token[str(n_threads)] = round(float(np.median(
             [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
     fastest = min(one_token, key=one_token.get)
-    llama_cpp.llama_set_n_threads(llm._ctx.ctx, int(fastest), batch)
-    timings: dict[str, list[float]] = {str(n): [] for n in PROBE_SIZES}
+    chosen = int(fastest) if one_token[fastest] < 0.97 * one_token[str(own)] else own  # as tune() chooses
+    llama_cpp.llama_set_n_threads(llm._ctx.ctx, chosen, batch)
+    # PROBE_SIZES are reported; with the calibration's sizes they make the curve kept for
+    # lookahead's first request (which then times nothing)
+    sizes = sorted(set(PROBE_SIZES) | set(CALIBRATION_SIZES))
+    timings: dict[str, list[float]] = {str(n): [] for n in sizes}
     for _ in range(reps):
-        for n in PROBE_SIZES:
+        for n in sizes:
             stage(f"decode {n}")
             for size, ms in target.calibrate([n], reps=1).items():
                 timings[str(size)].append(ms)
+    curve = {n: round(float(np.median(v)), 2) for n, v in timings.items() if v}
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, own, batch)
     stage("parity")
     parity = batch_parity(target)
@@ -346,9 +379,11 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     threads = {"n_threads": own, "n_threads_batch": batch, "cpu_count": os.cpu_count(),
                "one_token_ms": one_token}
     stage("done")
-    print(json.dumps({"timings_ms": {k: round(float(np.median(v)), 2) for k, v in timings.items() if v},
+    print(json.dumps({"timings_ms": {str(n): curve[str(n)] for n in PROBE_SIZES if str(n) in curve},
                       "threads": threads, "model_desc": llm._model.desc(), "context_tokens": context_tokens,
-                      "parity": parity, "rpc_devices": rpc.devices() if endpoints else []}),
+                      "parity": parity, "rpc_devices": rpc.devices() if endpoints else [],
+                      "measurements": {"key": target.measurement_key, "decode_threads": chosen,
+                                       "verify_ms": curve, "verify_threads": chosen}}),
           flush=True)
 
 

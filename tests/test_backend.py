@@ -43,6 +43,42 @@ def test_batched_decodes_run_in_a_child_process(model_path):
         assert parity["identical"] == parity["rows"]
 
 
+def test_a_probe_fills_in_only_the_measurements_not_kept_yet(tmp_cache):
+    """A curve learned from real requests (at their positions, with long drafts) is not
+    replaced by a probe's; what is missing is filled in."""
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS
+
+    measured = {"key": "k", "decode_threads": 1, "verify_ms": {"1": 50.0, "8": 120.0}, "verify_threads": 1}
+    health.keep_measurements(measured)
+    assert cache.get(MEASUREMENTS, "k") == {"decode_threads": 1, "verify_ms": {"1": 50.0, "8": 120.0},
+                                             "verify_threads": 1}
+    learned = {"verify_ms": {"1": 31.0, "64": 400.0}, "verify_threads": 2}
+    cache.put(MEASUREMENTS, "k2", learned)
+    health.keep_measurements({**measured, "key": "k2"})
+    assert cache.get(MEASUREMENTS, "k2") == {**learned, "decode_threads": 1}
+    health.keep_measurements({"verify_ms": {"1": 1.0}})  # no key: nothing to file it under
+    assert set(cache.load(MEASUREMENTS)) == {"k", "k2"}
+
+
+@pytest.mark.model
+def test_the_probe_keeps_a_curve_and_thread_count_for_the_first_request(model_path, tmp_cache):
+    """doctor's child (the set-up's last step) keeps what lookahead's first request would
+    otherwise measure: the one-token thread count and a curve over the calibration's sizes,
+    its t(1) timed with that count."""
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS
+    from lookahead.drafter.cost import CALIBRATION_SIZES
+
+    result = health.probe(model_path, context_tokens=64, reps=1)
+    assert result.ok, result.cause
+    kept = list(cache.load(MEASUREMENTS).values())
+    assert len(kept) == 1
+    entry = kept[0]
+    assert set(entry["verify_ms"]) == {str(n) for n in {*CALIBRATION_SIZES, *health.PROBE_SIZES}}
+    assert entry["verify_threads"] == entry["decode_threads"]
+    assert entry["decode_threads"] in {int(n) for n in result.threads["one_token_ms"]}
+    assert entry["verify_ms"]["1"] == result.timings_ms["1"]
+
+
 @pytest.mark.model
 def test_exact_batches_make_batched_rows_one_token_rows(model_path):
     """lookahead's patch: with LOOKAHEAD_EXACT_BATCHES=1 every batched row of the embedded model

@@ -20,6 +20,8 @@ SCALE_TOLERANCE = 0.05
 # slope on as it is priced long drafts out, and a size never drafted is never timed. Priced
 # lower, the first long draft that pays is tried, timed, and from then on the curve holds it.
 EXPLORE_SLOPE = 0.5
+# The sizes a first calibration times (larger sizes extrapolate, then learn from real drafts).
+CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 
 
 class CostModel:
@@ -84,7 +86,7 @@ class CostModel:
         self.window = int(window)
         self.learning = bool(learning)  # False: observe() is ignored (a pinned curve)
         self.needs_calibration = False  # set by the owner: time the sizes below at the next chance
-        self.calibration_sizes = (1, 2, 4, 8, 16)  # larger sizes extrapolate
+        self.calibration_sizes = CALIBRATION_SIZES
         self._reset()
         # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
         self._restored: dict[int, float] = {}
