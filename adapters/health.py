@@ -338,7 +338,9 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     endpoints = [e for e in os.environ.get(RPC_ENV, "").split(",") if e]
     if endpoints:
         rpc.register(endpoints)
-    n_ctx = context_tokens + max(PROBE_SIZES) + 16
+    # (at least n_batch: llama-cpp-python cuts n_batch down to n_ctx, and the measurement key
+    # holds it, which would then differ from the defaults' key the measurements are kept for)
+    n_ctx = max(context_tokens + max(PROBE_SIZES) + 16, 512)
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=-1 if endpoints else 0,
                           flash_attn=os.environ.get(FLASH_ATTN_ENV, "1") != "0", verbose=False)
     target = LlamaCppTarget(llm, threads="keep")

@@ -77,6 +77,13 @@ def test_the_probe_keeps_a_curve_and_thread_count_for_the_first_request(model_pa
     assert entry["verify_threads"] == entry["decode_threads"]
     assert entry["decode_threads"] in {int(n) for n in result.threads["one_token_ms"]}
     assert entry["verify_ms"]["1"] == result.timings_ms["1"]
+    # filed under the key of a Llama with the defaults (as the commands and load() make it)
+    import llama_cpp
+
+    from lookahead.adapters.llama_cpp.state import measurement_key
+
+    default = llama_cpp.Llama(model_path=str(model_path), flash_attn=True, verbose=False)
+    assert list(cache.load(MEASUREMENTS)) == [measurement_key(default)]
 
 
 @pytest.mark.model
