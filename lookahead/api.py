@@ -260,7 +260,7 @@ class Lookahead:
         if speculate and self.max_draft > 0:
             drafter = Drafter(self.cost, max_draft=self.max_draft, sampled=not params.greedy,
                               tree_width=self.target.tree_width if isinstance(self.target, TreeTarget) else 1,
-                              is_stop=self.target.is_eog)
+                              is_stop=self.target.is_eog, piece=self.target.piece)
         # Beyond max_tokens the engine may need a few tokens to finish a multi-byte character
         # (llama-cpp-python keeps sampling while the text ends inside one).
         engine_max = min(text.max_tokens + 3, self.target.n_ctx - len(prompt_tokens))

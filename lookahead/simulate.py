@@ -229,10 +229,15 @@ def _geomean(values: Sequence[float]) -> float:
 
 def with_stops(drafter: Drafter, trace: dict) -> Drafter:
     """The drafter, stopping its drafts at the trace's end-of-generation tokens (its "eog"
-    list, as the model's vocabulary gives them), as the engine's drafter does."""
+    list, as the model's vocabulary gives them), and reading sentence ends from the trace's
+    token texts (its "pieces": {token id: text}), as the engine's drafter does."""
     eog = frozenset(int(t) for t in trace.get("eog", ()))
     if eog:
         drafter.is_stop = eog.__contains__
+    pieces = trace.get("pieces")
+    if pieces:
+        texts = {int(t): text.encode("utf-8") for t, text in pieces.items()}
+        drafter.piece = lambda token: texts.get(token, b"")
     return drafter
 
 

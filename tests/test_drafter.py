@@ -621,6 +621,61 @@ def test_drafts_stop_at_an_end_of_generation_token():
     assert first.tokens == [SEQ[10]]
 
 
+@pytest.mark.parametrize("prev, piece, brk", [
+    (b"ok.", b" The", True), (b".\n\n", b"The", True), (b"done!", b"\n", True), (b'said."', b" He", True),
+    (b"why?)", b" So", True), (b"os.", b"path", False), (b"8.", b"50", False), (b" times", b".", False),
+    (b".", b"", False), (b" the", b" end", False), (b"", b" The", False),
+])
+def test_sentence_break_needs_a_sentence_end_and_a_space(prev, piece, brk):
+    from lookahead.drafter.policy import sentence_break
+
+    assert sentence_break(prev, piece) is brk
+
+
+def test_a_candidate_token_starting_a_sentence_gets_at_most_the_boundary_rate(monkeypatch):
+    from lookahead.drafter import priors
+
+    monkeypatch.setattr(priors, "_PRIOR_BOUNDARY", 0.4)
+    monkeypatch.setattr(priors, "_BOUNDARY_STRENGTH", 1.0)
+    pieces = {SEQ[14]: b" ok."}  # every other token: a word with its space
+    piece = lambda t: pieces.get(t, b" w")  # noqa: E731
+    draft = Drafter(linear_cost(10.0, 0.0), piece=piece).propose(repeat_index(), 8)
+    assert draft.tokens == SEQ[10:18]
+    # match lengths 10, 11 (prior 0.65), then 0.78; SEQ[15] starts a sentence: min(0.78, 0.4)
+    c = np.cumprod([0.65, 0.65, 0.78, 0.78, 0.78, 0.4, 0.78, 0.78])
+    assert draft.expected_tokens == pytest.approx(1 + c.sum())
+    plain = Drafter(linear_cost(10.0, 0.0)).propose(repeat_index(), 8)
+    assert plain.expected_tokens == pytest.approx(1 + np.cumprod([0.65, 0.65] + [0.78] * 6).sum())
+
+
+def test_the_boundary_rate_learns_from_verified_tokens_only():
+    model = AcceptanceModel()
+    after = [False, True, False, True]
+    model.update_boundaries(after, accepted=1, tested=4)  # token 1, a sentence's start, refuted
+    assert (model.boundary_accepted, model.boundary_rejected) == (0, 1)
+    model.update_boundaries(after, accepted=3, tested=4)  # token 1 kept, token 3 refuted
+    assert (model.boundary_accepted, model.boundary_rejected) == (1, 2)
+    model.update_boundaries(after, accepted=4, tested=4)
+    assert (model.boundary_accepted, model.boundary_rejected) == (3, 2)
+    model.update_boundaries(after, accepted=0, tested=4)  # refuted before any boundary: no evidence
+    assert (model.boundary_accepted, model.boundary_rejected) == (3, 2)
+
+
+def test_a_copy_through_sentence_ends_lifts_the_boundary_rate():
+    """A draft accepted through a sentence's start is evidence (record), and so is the emitted
+    text continuing through one after a draft (the free evidence at the next step)."""
+    piece = lambda t: b" ok." if t == SEQ[14] else b" w"  # noqa: E731
+    drafter = Drafter(linear_cost(10.0, 0.0), piece=piece)
+    index = repeat_index()
+    before = drafter.acceptance.boundary_rate()
+    draft = drafter.propose(index, 8)
+    drafter.record(draft, len(draft), None)
+    assert drafter.acceptance.boundary_accepted == 1 and drafter.acceptance.boundary_rate() > before
+    index.extend(SEQ[10:19])  # the draft, then the bonus token
+    drafter.propose(index, 8)
+    assert drafter.acceptance.boundary_accepted == 1  # the bonus token starts no sentence
+
+
 def test_propose_from_a_reference():
     index = SuffixIndex()
     index.add_reference(SEQ)

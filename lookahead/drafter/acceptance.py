@@ -20,6 +20,9 @@ class AcceptanceModel:
     accepted: np.ndarray = field(default_factory=_counts)
     rejected: np.ndarray = field(default_factory=_counts)
     sampled: bool = False  # temperature > 0: the target sometimes picks another token than a copy
+    # candidate tokens after a sentence's end (see priors._PRIOR_BOUNDARY): accepted, rejected
+    boundary_accepted: float = 0.0
+    boundary_rejected: float = 0.0
 
     def _prior(self) -> np.ndarray:
         return np.asarray(priors._PRIOR_MEAN_SAMPLED if self.sampled else priors._PRIOR_MEAN)  # [kinds, buckets]
@@ -56,3 +59,23 @@ class AcceptanceModel:
             self.accepted[kind, priors._bucket(match_length + i)] += 1
         if accepted < drafted:
             self.rejected[kind, priors._bucket(match_length + accepted)] += 1
+
+    def boundary_rate(self) -> float:
+        """Posterior mean acceptance of a candidate token that follows a sentence's end."""
+        prior = priors._PRIOR_BOUNDARY_SAMPLED if self.sampled else priors._PRIOR_BOUNDARY
+        strength = priors._BOUNDARY_STRENGTH
+        return float((self.boundary_accepted + prior * strength)
+                     / (self.boundary_accepted + self.boundary_rejected + strength))
+
+    def update_boundaries(self, after_boundary: list[bool], accepted: int, tested: int) -> None:
+        """Of candidate tokens tested in order, the first `accepted` were confirmed (then one
+        was refuted, if `accepted` < `tested`); `after_boundary[i]`: token i follows a
+        sentence's end."""
+        for i in range(min(tested, len(after_boundary))):
+            if after_boundary[i]:
+                if i < accepted:
+                    self.boundary_accepted += 1
+                else:
+                    self.boundary_rejected += 1
+            if i >= accepted:
+                break

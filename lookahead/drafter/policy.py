@@ -5,6 +5,7 @@ The length policy is `best_length`: the k maximising E(k) / t(k + 1) (see the pa
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +32,19 @@ class _Pending:
     drafted: int  # how many of its tokens were drafted (record() accounts for those)
     match: Match | None = None
     kind: int = CONTEXT_KIND
+    last: int = -1  # the context's last token then (whether the candidate starts after a sentence's end)
+
+
+# A sentence's last token: ., ! or ?, then closing quotes or brackets, then whitespace or nothing.
+_SENTENCE_END = re.compile(rb'[.!?]["\')\]*]*\s*$')
+
+
+def sentence_break(prev: bytes, piece: bytes) -> bool:
+    """Whether a token with text `piece` starts a new sentence after one with text `prev`:
+    `prev` ends a sentence and whitespace separates them ("ok." then " The"; not "os." then
+    "path", nor "8." then "50")."""
+    return (bool(_SENTENCE_END.search(prev))
+            and (prev[-1:].isspace() or piece[:1].isspace()))
 
 
 def best_length(confidences: np.ndarray, cost_curve: np.ndarray, min_gain: float = 1.02) -> tuple[int, float]:
@@ -59,11 +73,15 @@ class Drafter(Rejoining):
     """
 
     def __init__(self, cost: CostModel, max_draft: int = 64, min_gain: float = 1.1, sampled: bool = False,
-                 tree_width: int = 1, is_stop: Callable[[int], bool] | None = None):
+                 tree_width: int = 1, is_stop: Callable[[int], bool] | None = None,
+                 piece: Callable[[int], bytes] | None = None):
         """`is_stop(token)`: whether the token ends generation (the target's end-of-generation
         tokens). A draft never goes past one: the tokens after it could not be emitted, and a
         copy of a prompt document runs on into the chat template's end-of-turn token and the
-        next turn's text."""
+        next turn's text. `piece(token)`: the token's bytes as the text shows them; with it, a
+        candidate token that starts a new sentence (`sentence_break`) is accepted with at most
+        the request's rate there (AcceptanceModel.boundary_rate): a quoted sentence is often
+        where a copy stops."""
         if max_draft < 0:
             raise ValueError(f"max_draft must be >= 0, got {max_draft}")
         if tree_width < 1:
@@ -75,6 +93,8 @@ class Drafter(Rejoining):
         self.tree_width = int(tree_width)  # most branches (leaves) one draft may have
         self.is_stop = is_stop
         self._stops: dict[int, bool] = {}  # is_stop's answers so far (a C call each)
+        self.piece = piece
+        self._pieces: dict[int, bytes] = {}  # piece's answers so far
         self._threshold_curve: np.ndarray | None = None  # the curve `_threshold` was computed for
         self._threshold = 0.0
         self.reset()
@@ -120,15 +140,20 @@ class Drafter(Rejoining):
             # No draft of this match can pay, whatever its tokens: skip building the candidate
             # (following the occurrences is most of a step's drafting time); `_learn` builds
             # the few tokens it compares with the emitted ones.
-            self._pending = _Pending(index, len(index), None, 0, match, kind)
+            self._pending = _Pending(index, len(index), None, 0, match, kind, int(index.context()[-1]))
             return EMPTY_DRAFT
         cand = self._candidate(index, match, limit, kind)
         if cand is None:
             return EMPTY_DRAFT
-        self._pending = _Pending(index, len(index), cand, 0, match, kind)
+        last = int(index.context()[-1])
+        self._pending = _Pending(index, len(index), cand, 0, match, kind, last)
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
         rates = self.acceptance.rates(cand.kind, cand.match_length + np.arange(len(cand.tokens)))
+        if self.piece is not None:
+            after = self._after_boundary(last, cand.tokens)
+            if any(after):
+                rates = np.where(after, np.minimum(rates, self.acceptance.boundary_rate()), rates)
         k, expected = best_length(rates * cand.agreement, self._curve(), self.min_gain)
         self._pending.drafted = k
         if k == 0:
@@ -166,7 +191,7 @@ class Drafter(Rejoining):
         match, kind = self._classify(index, match)
         cand = self._candidate(index, match, limit, kind)
         if cand is not None:
-            self._pending = _Pending(index, len(index), cand, 0, match, kind)
+            self._pending = _Pending(index, len(index), cand, 0, match, kind, int(index.context()[-1]))
         return cand
 
     def note_drafted(self, drafted: int) -> None:
@@ -193,6 +218,24 @@ class Drafter(Rejoining):
             known = self._stops[token] = bool(self.is_stop(token))
         return known
 
+    def _after_boundary(self, last: int, tokens: Sequence[int]) -> list[bool]:
+        """[i]: token i of a candidate starts a new sentence (`sentence_break`; the token
+        before token 0 is `last`, the context's last token); empty without `piece`."""
+        if self.piece is None:
+            return []
+        known = self._pieces
+        out = []
+        prev = known.get(last)
+        if prev is None:
+            prev = known[last] = bytes(self.piece(last))
+        for token in tokens:
+            text = known.get(token)
+            if text is None:
+                text = known[token] = bytes(self.piece(token))
+            out.append(sentence_break(prev, text))
+            prev = text
+        return out
+
     def _through_stop(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` a draft may hold: up to and with the first stop token."""
         if self.is_stop is not None:
@@ -208,6 +251,10 @@ class Drafter(Rejoining):
             return
         if draft.parents is None:
             self.acceptance.update(draft.kind, draft.match_length, len(draft), accepted)
+            pending = self._pending
+            if self.piece is not None and pending is not None and pending.candidate is not None:
+                after = self._after_boundary(pending.last, draft.tokens)
+                self.acceptance.update_boundaries(after, accepted, len(draft))
             return
         # A tree: the walk went `accepted` levels deep; it failed at the next level only if
         # the node it stopped at had children to offer.
@@ -237,3 +284,6 @@ class Drafter(Rejoining):
             self._note_departure(cand, agree, pending.at)
         if agree >= skip and tested > skip:  # the positions past what record() counted
             self.acceptance.update(cand.kind, cand.match_length + skip, tested - skip, agree - skip)
+            if self.piece is not None:
+                after = self._after_boundary(pending.last, cand.tokens[:tested])[skip:]
+                self.acceptance.update_boundaries(after, agree - skip, tested - skip)

@@ -76,7 +76,7 @@ EDITS = [
 def build(llm) -> list[dict]:
     """The traces; `llm` (a llama_cpp.Llama) formats and tokenizes the prompts, as a plain call would."""
     from lookahead.edit import build_rewrite_messages
-    from record_traces import eog_tokens, record_one
+    from record_traces import eog_tokens, record_one, token_pieces
 
     traces = []
     for trace_id, name, instruction, edit, fenced in EDITS:
@@ -91,7 +91,7 @@ def build(llm) -> list[dict]:
         output = llm.tokenize(answer.encode("utf-8"), add_bos=False, special=False) + [llm.token_eos()]
         traces.append({"id": trace_id, "category": "copy-edit", "temperature": 0.0, "max_tokens": len(output) + 64,
                        "prompt": prompt, "output": output, "references": [], "synthetic": True,
-                       "eog": eog_tokens(llm)})
+                       "eog": eog_tokens(llm), "pieces": token_pieces(llm, prompt + output)})
     return traces
 
 

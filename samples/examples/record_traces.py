@@ -1,6 +1,7 @@
 """Record replay traces: the prompt tokens and plain llama-cpp-python's output tokens per workload.
 
     .venv/bin/python samples/examples/record_traces.py [-t 0] [-t 0.7] [--out FILE] [WORKLOADS.jsonl ...]
+    .venv/bin/python samples/examples/record_traces.py --add-pieces FILE [--model NAME]
 
 Default workloads: samples/workloads.jsonl and samples/examples/short_rag.jsonl (short answers
 after a few hundred tokens of passages). Default output: samples/examples/traces.json, which
@@ -11,7 +12,9 @@ the greedy tokens depend on it), the KV cache cleared, llama-cpp-python's defaul
 unless --threads, seed 1 at t > 0; the tokens are taken from `Llama.generate` as
 create_completion consumes them, so they are exactly the prompt the model saw and the tokens
 it emitted (EOS included when it stopped there). No reference texts are registered: the
-workloads carry their sources in the prompt.
+workloads carry their sources in the prompt. Each trace also holds the text of every token it
+uses ("pieces"), which the drafter reads sentence ends from; `--add-pieces` adds them to a
+file recorded without them, with the tokenizer of `--model` (the one that recorded it).
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ def record_one(llm, workload: dict, temperature: float, seed: int = 1) -> dict:
         del llm.generate
     return {"id": workload["id"], "category": workload["category"], "temperature": temperature,
             "seed": seed, "max_tokens": workload["max_tokens"], "prompt": seen["prompt"], "output": seen["output"],
-            "references": [], "eog": eog_tokens(llm)}
+            "references": [], "eog": eog_tokens(llm), "pieces": token_pieces(llm, seen["prompt"] + seen["output"])}
+
+
+def token_pieces(llm, tokens) -> dict[str, str]:
+    """{token id: its text} for the distinct `tokens` (bytes that make no UTF-8 character as U+FFFD)."""
+    return {str(t): llm.detokenize([t]).decode("utf-8", errors="replace") for t in sorted(set(tokens))}
 
 
 def eog_tokens(llm) -> list[int]:
@@ -77,19 +85,35 @@ def main() -> None:
     parser.add_argument("-t", "--temperature", type=float, action="append")
     parser.add_argument("--out", type=Path, default=HERE / "traces.json")
     parser.add_argument("--threads", type=int, help="n_threads and n_threads_batch (default: llama-cpp-python's)")
+    parser.add_argument("--add-pieces", type=Path, metavar="FILE",
+                        help="add the token texts to the traces in FILE (recorded without them), then stop")
+    parser.add_argument("--model", help="with --add-pieces: the model that recorded FILE (default: the default model)")
     args = parser.parse_args()
 
-    from lookahead.models import default_model_path  # first: lookahead picks the exact mode before llama_cpp loads
+    from lookahead.models import default_model_path, resolve  # first: lookahead picks the exact mode
 
     import llama_cpp
+
+    if args.add_pieces:
+        vocab = llama_cpp.Llama(model_path=str(resolve(args.model)), vocab_only=True, verbose=False)
+        traces = json.loads(args.add_pieces.read_text())
+        for t in traces:
+            t["pieces"] = token_pieces(vocab, [*t["prompt"], *t["output"], *(x for r in t["references"] for x in r)])
+        write_traces(args.add_pieces, traces)
+        print(f"added token texts to {len(traces)} traces in {args.add_pieces}", file=sys.stderr)
+        return
 
     workloads = [json.loads(line) for path in args.workloads for line in path.read_text().splitlines() if line.strip()]
     threads = {} if args.threads is None else dict(n_threads=args.threads, n_threads_batch=args.threads)
     llm = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=4096, flash_attn=True, verbose=False, **threads)
     traces = record_traces(llm, workloads, args.temperature or [0.0, 0.7])
-    # one trace per line: small diffs when re-recorded
-    args.out.write_text("[\n" + ",\n".join(json.dumps(t, separators=(",", ":")) for t in traces) + "\n]\n")
+    write_traces(args.out, traces)
     print(f"wrote {len(traces)} traces to {args.out}", file=sys.stderr)
+
+
+def write_traces(path: Path, traces: list[dict]) -> None:
+    # one trace per line: small diffs when re-recorded
+    path.write_text("[\n" + ",\n".join(json.dumps(t, separators=(",", ":")) for t in traces) + "\n]\n")
 
 
 if __name__ == "__main__":
