@@ -136,16 +136,16 @@ class Drafter(Rejoining):
         if match is None:
             return EMPTY_DRAFT
         match, kind = self._classify(index, match)
+        last = int(index.context()[-1])
         if not self._may_pay(match, kind):
             # No draft of this match can pay, whatever its tokens: skip building the candidate
             # (following the occurrences is most of a step's drafting time); `_learn` builds
             # the few tokens it compares with the emitted ones.
-            self._pending = _Pending(index, len(index), None, 0, match, kind, int(index.context()[-1]))
+            self._pending = _Pending(index, len(index), None, 0, match, kind, last)
             return EMPTY_DRAFT
         cand = self._candidate(index, match, limit, kind)
         if cand is None:
             return EMPTY_DRAFT
-        last = int(index.context()[-1])
         self._pending = _Pending(index, len(index), cand, 0, match, kind, last)
         # Each accepted token lengthens the matched suffix, so later draft tokens are backed
         # by a longer match: use the bucket of the length they will have.
