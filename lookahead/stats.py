@@ -163,6 +163,8 @@ class SpeculationStats:
             f"prefill {self.prefill_ms:.0f} ms ({self.prompt_tokens} prompt tokens), "
             f"decode {self.decode_ms:.0f} ms ({self.tokens_per_second:.1f} tok/s): verify {self.verify_ms:.0f} ms, "
             f"propose {self.propose_ms:.1f} ms, sample {self.sample_ms:.1f} ms"
+            + (f"; one-off timings of this machine {self.calibration_ms:.0f} ms (kept for later runs)"
+               if self.calibration_ms > 0 else "")
             + ("; decodes ran slow (another process on the cores): fewer threads for the rest" if self.contended
                else "")
             + ("; exact: greedy output is plain decoding's, token for token" if self.exact and self.speculative

@@ -42,6 +42,8 @@ def test_decode_speed_leaves_out_the_prefill_and_its_first_pass():
     assert s.tokens_per_second == 10.0
     line = s.summary()
     assert "prefill 300 ms" in line and "decode 1000 ms (10.0 tok/s)" in line
+    assert "one-off timings of this machine 50 ms" in line  # never a silent part of a request's time
+    assert "one-off" not in SpeculationStats(generated_tokens=1, total_ms=10.0).summary()
 
 
 def test_a_merge_keeps_the_first_parts_first_token_time():
