@@ -333,6 +333,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     import llama_cpp
 
     from lookahead.adapters.llama_cpp import LlamaCppTarget, rpc
+    from lookahead.adapters.llama_cpp.threads import faster_thread_count
     from lookahead.drafter.cost import CALIBRATION_SIZES
 
     endpoints = [e for e in os.environ.get(RPC_ENV, "").split(",") if e]
@@ -361,8 +362,7 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
         llama_cpp.llama_set_n_threads(llm._ctx.ctx, n_threads, batch)
         one_token[str(n_threads)] = round(float(np.median(
             [target.calibrate([1], reps=1)[1] for _ in range(max(3, reps))])), 2)
-    fastest = min(one_token, key=one_token.get)
-    chosen = int(fastest) if one_token[fastest] < 0.97 * one_token[str(own)] else own  # as tune() chooses
+    chosen = faster_thread_count({int(n): ms for n, ms in one_token.items()}, own)  # as tune() chooses
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, chosen, batch)
     # PROBE_SIZES are reported; with the calibration's sizes they make the curve kept for
     # lookahead's first request (which then times nothing)

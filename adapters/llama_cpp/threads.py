@@ -98,6 +98,14 @@ def quiet_decode_s(fastest: dict[int, float], band: int) -> float:
     return min(s * growth(band) / growth(b) if b < band else s for b, s in fastest.items())
 
 
+def faster_thread_count(medians: dict[int, float], own: int) -> int:
+    """Of one-token decode times per thread count ({threads: median ms}), the count to use:
+    the Llama's `own` unless another is at least 3% faster (a smaller gap is this machine's
+    noise, and the Llama's setting is the user's)."""
+    best = min(medians, key=medians.get)
+    return best if medians[best] < 0.97 * medians[own] else own
+
+
 def tuned_threads(llm: Any) -> int | None:
     """The one-token decode thread count lookahead measured for `llm`, or None if not yet."""
     return state_of(llm).tuned_threads
@@ -268,8 +276,7 @@ class DecodeThreads:
             self._lib.llama_set_n_threads(self._ctx, own, own)
             return {}
         medians = {n: float(np.median(v)) for n, v in times.items()}
-        best = min(medians, key=medians.get)
-        chosen = best if medians[best] < 0.97 * medians[own] else own
+        chosen = faster_thread_count(medians, own)
         state.tuned_threads = chosen
         self._measurements.remember(decode_threads=chosen)
         self._lib.llama_set_n_threads(self._ctx, chosen, batch)
