@@ -879,17 +879,39 @@ def test_restored_curve_is_kept_when_real_decodes_agree():
     assert restored.cost_ms(1) == pytest.approx(11.0, rel=SCALE_TOLERANCE)
 
 
-def test_restored_curve_is_dropped_when_real_decodes_disagree():
+def test_restored_curve_is_dropped_when_its_shape_disagrees():
     restored = CostModel.from_dict(steep_cost().to_dict())
-    restored.observe(1, 30.0)  # 2.7x slower than saved: a different machine or load
-    restored.observe(8, 5.0)  # a spike the other way
+    restored.observe(1, 30.0)  # the scale of this process: t(8) should be 43 / 11 * 30 = 117
+    restored.observe(8, 300.0)  # 2.56x the restored shape: another machine, build or setting
+    restored.observe(1, 31.0)
+    restored.observe(16, 20.0)  # a spike the other way
     assert not restored.needs_calibration  # two checks are not enough yet
-    restored.observe(1, 31.0)  # median of the ratios 2.73, 0.12, 2.82 = 2.73 > 1.5
+    restored.observe(4, 250.0)  # median of the ratios 2.56, 0.08, 3.1 = 2.56 > 1.5
     assert restored.needs_calibration and not restored.calibrated
     assert restored.to_dict()["ms"] == {}
     restored.observe(1, 30.0)  # from here on it learns as a fresh model (no more probation)
     restored.observe(2, 60.0)
     assert restored.calibrated and restored.cost_ms(2) == pytest.approx(60.0)
+
+
+def test_restored_curve_follows_a_machine_that_is_slower_as_a_whole():
+    """t(1) 2.7x the saved one (a busier machine, a longer context) with the same shape: the
+    curve is kept, at this process's scale; the restored t(1) does not linger in the median."""
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    for n, ms in ((1, 30.0), (8, 117.0), (1, 31.0), (16, 240.0), (1, 30.0), (4, 80.0)):
+        restored.observe(n, ms)
+    assert not restored.needs_calibration
+    assert restored.cost_ms(1) == pytest.approx(30.0)
+    assert restored.cost_ms(64) / restored.cost_ms(1) == pytest.approx(293.0 / 11.0)
+
+
+def test_restored_curve_keeps_no_batch_timing_taken_before_this_process_has_a_scale():
+    restored = CostModel.from_dict(steep_cost().to_dict())
+    restored.observe(8, 500.0)  # no t(1) of this process yet: nothing to hold it against
+    assert restored.to_dict()["ms"]["8"] == 43.0 and not restored.needs_calibration
+    restored.observe(1, 11.0)
+    restored.observe(8, 43.0)
+    assert restored.cost_ms(8) == pytest.approx(43.0)
 
 
 def test_a_restored_curve_keeps_its_points_in_their_padded_classes():
@@ -898,6 +920,7 @@ def test_a_restored_curve_keeps_its_points_in_their_padded_classes():
     restored = CostModel.from_dict(saved, padding=(12, 16))
     assert restored.to_dict()["ms"] == {"1": 100.0, "8": 240.0, "16": 480.0, "48": 850.0}
     assert restored.cost_ms(40) == restored.cost_ms(48) == pytest.approx(850.0)
+    restored.observe(1, 100.0)  # this process's scale
     restored.observe(33, 860.0)  # a real decode in the 48 class checks the restored figure
     assert restored._checks == [pytest.approx(860.0 / 850.0)]
 

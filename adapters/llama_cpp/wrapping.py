@@ -45,9 +45,10 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
     cost = state.cost
     if cost is None or cost.max_batch != target.max_batch:
         # The curve measured for this model, build and machine in an earlier process: no
-        # calibration in the first request. It is on probation: if the first real decodes
-        # disagree with it by more than 1.5x (another load, another machine), it is dropped
-        # and measured again (CostModel.from_dict).
+        # calibration in the first request. Its scale follows this process's one-token
+        # decodes, and its shape is on probation: if the first real batches disagree with it
+        # by more than 1.5x (another machine, build or setting), it is dropped and measured
+        # again (CostModel.from_dict).
         known = target.measurements.known()
         if known.get("decode_threads") and threads == "auto" and state.tuned_threads is None:
             state.tuned_threads = int(known["decode_threads"])

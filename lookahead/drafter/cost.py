@@ -57,11 +57,15 @@ class CostModel:
     it pays for, and a size never drafted is priced from the class it falls in.
 
     A curve measured once can be kept across processes: `to_dict()` gives a small JSON-able
-    dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation: the first
-    real observations of each size are compared with it, and when `revalidate_after` of them
-    are off by more than `tolerance` (a factor, either way; a median of them, so one spike
-    does not count), the restored figures are dropped and `needs_calibration` is set, so the
-    owner measures afresh at the next chance.
+    dict, `CostModel.from_dict(d)` restores it. A restored curve is on probation, of its shape
+    only: the scale is this process's from its first one-token timing on (a machine that runs
+    slower or faster as a whole, or a longer context, changes t(1), not what to draft). Then
+    the first real timings of the restored sizes of 2+ tokens are compared with the restored
+    shape, and when `revalidate_after` of them are off by more than `tolerance` (a factor,
+    either way; a median of them, so one spike does not count), the restored figures are
+    dropped and `needs_calibration` is set, so the owner measures afresh at the next chance.
+    Timings of 2+ tokens taken before the first one-token timing are not kept: there is no
+    scale of this process to hold them against yet.
     """
 
     def __init__(self, max_batch: int = 512, prior_slope: float = 0.4, window: int = 9,
@@ -91,6 +95,7 @@ class CostModel:
         # Probation of a restored curve: {n: restored ms} and the ratios observed / restored.
         self._restored: dict[int, float] = {}
         self._checks: list[float] = []
+        self._live_scale = True  # False from a restore until this process's first t(1)
         self.revalidate_after = 3
         self.tolerance = 1.5
 
@@ -113,8 +118,14 @@ class CostModel:
         if not 1 <= n_tokens <= self.max_batch or not ms > 0 or math.isinf(ms):
             return
         n_tokens = int(self._class_of[n_tokens])
-        if n_tokens in self._restored and self._probation(n_tokens, float(ms)):
-            return
+        if self._restored:
+            if n_tokens == 1 and not self._live_scale:
+                self._live_scale = True
+                self._scale_recent.clear()  # the restored t(1) gives way to this process's
+            elif n_tokens > 1 and not self._live_scale:
+                return
+            elif n_tokens in self._restored and self._probation(n_tokens, float(ms)):
+                return
         self._seen[n_tokens] += 1
         if n_tokens == 1:
             first = math.isnan(self._scale)
@@ -144,9 +155,11 @@ class CostModel:
             self._curve = None
 
     def _probation(self, n_tokens: int, ms: float) -> bool:
-        """Compare a real timing of a restored size with its restored figure (sizes past them
-        are priced optimistically on purpose: no evidence against the restored curve); True if
-        the curve was just dropped."""
+        """Compare a real timing of a restored size of 2+ tokens with the restored shape at
+        this process's scale (sizes past them are priced optimistically on purpose: no
+        evidence against the restored curve); True if the curve was just dropped."""
+        if n_tokens == 1:
+            return False  # t(1) is the scale, which follows the machine: no evidence on the shape
         self._checks.append(ms / self.cost_ms(n_tokens))
         if len(self._checks) < self.revalidate_after:
             return False
@@ -202,6 +215,7 @@ class CostModel:
         cost.learning = learning
         cost._restored = {int(cost._class_of[n]): ms for n, ms in points.items()
                           if 1 <= n <= cost.max_batch and cost._seen[cost._class_of[n]]}
+        cost._live_scale = not cost._restored
         return cost
 
     def curve(self) -> np.ndarray:
