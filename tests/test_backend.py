@@ -375,6 +375,35 @@ def test_the_measurement_key_tells_flash_attention_apart(tmp_path):
     assert "flash_attn=1" in on and on != off
 
 
+def test_a_curve_kept_for_another_own_thread_count_is_found_and_borrowed_with_care(tmp_path, monkeypatch):
+    """Batches run with n_threads_batch, one-token decodes with the count kept beside the
+    curve: a curve timed for the defaults (n_threads=1 on 2 CPUs: doctor's) serves a Llama
+    made with n_threads=2; its t(1) only when it was timed with the count used here."""
+    from types import SimpleNamespace
+
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS, Measurements
+    from lookahead.adapters.llama_cpp.wrapping import borrowed_curve
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    defaults = _keyed_llm(tmp_path)
+    defaults.n_threads = 1
+    two = _keyed_llm(tmp_path)
+    other_batch = _keyed_llm(tmp_path)
+    other_batch.n_threads_batch = 4
+    curve = {"1": 33.0, "8": 130.0, "64": 470.0}
+    cache.put(MEASUREMENTS, Measurements(defaults).key, {"verify_ms": curve, "verify_threads": 2, "decode_threads": 2})
+    assert Measurements(two).known() == {}
+    sibling = Measurements(two).sibling_curve()
+    assert sibling == {"verify_ms": curve, "verify_threads": 2}  # not its thread choice: another Llama's
+    assert Measurements(other_batch).sibling_curve() == {}  # batches with other threads: another curve
+    assert Measurements(defaults).sibling_curve() == {}  # its own entry is not a sibling
+    assert borrowed_curve(sibling, two, None) == curve  # "auto" on (2, 2): one-token decodes with 2
+    assert borrowed_curve(sibling, two, 1) == {"8": 130.0, "64": 470.0}
+    assert borrowed_curve(sibling, SimpleNamespace(n_threads=1, n_threads_batch=2), None) == {"8": 130.0, "64": 470.0}
+    with pytest.raises(KeyError):
+        borrowed_curve({}, two, 2)
+
+
 def test_the_measurement_key_tells_the_exact_mode_apart(tmp_path, monkeypatch):
     """Exact and stock kernels cost differently: a curve timed with one must not size drafts
     for the other (a process with LOOKAHEAD_EXACT_BATCHES=0 and one without share a cache)."""

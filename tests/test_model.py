@@ -409,6 +409,29 @@ def test_a_cached_curve_keeps_its_t1_only_for_the_thread_count_it_was_timed_with
     assert lookahead.wrap(llm, threads=2).cost.to_dict()["ms"] == saved
 
 
+def test_a_curve_kept_for_another_own_thread_count_spares_the_first_request_its_calibration(
+        one_thread_llm, tmp_path, monkeypatch):
+    """The set-up's doctor times the curve for a Llama with the defaults; a Llama that differs
+    only in its own n_threads (here the reverse: the entry is for (2, 2)) uses it."""
+    from lookahead import cache
+    from lookahead.adapters.llama_cpp.state import MEASUREMENTS, Measurements
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    llm = one_thread_llm
+    key = Measurements(llm).key
+    assert "|threads=1,2|" in key
+    saved = {"1": 12.0, "8": 40.0, "64": 250.0}
+    cache.put(MEASUREMENTS, key.replace("|threads=1,2|", "|threads=2,2|"), {"verify_ms": saved, "verify_threads": 2})
+    state = state_of(llm)
+    monkeypatch.setattr(state, "cost", None)
+    monkeypatch.setattr(state, "tuned_threads", None)
+    two = lookahead.wrap(llm, threads=2)
+    assert two.cost.to_dict()["ms"] == saved and not two.cost.needs_calibration
+    monkeypatch.setattr(state, "cost", None)
+    keep = lookahead.wrap(llm, threads="keep")  # one-token decodes with 1 thread: its t(1) does not hold
+    assert set(keep.cost.to_dict()["ms"]) == {"8", "64"} and not keep.cost.needs_calibration
+
+
 def test_calibration_keeps_the_one_token_thread_count_with_the_curve(one_thread_llm, tmp_path, monkeypatch,
                                                                        uncontended):
     from lookahead import cache

@@ -91,5 +91,28 @@ class Measurements:
     def known(self) -> dict[str, Any]:
         return cache.get(MEASUREMENTS, self.key) or {}
 
+    def sibling_curve(self) -> dict[str, Any]:
+        """A verify-cost curve kept under a key that differs from this one only in the
+        Llama's own `n_threads` ({"verify_ms", "verify_threads"}, the newest; {} if none).
+
+        Batches run with `n_threads_batch` and one-token decodes with the count kept beside
+        the curve, not with `n_threads`, so a curve timed for a Llama made with the defaults
+        (the set-up's `lookahead doctor`) holds for one made with `n_threads=2` too."""
+        own = _without_own_threads(self.key)
+        if own is None:
+            return {}
+        for key, value in reversed(list(cache.load(MEASUREMENTS).items())):
+            if (key != self.key and _without_own_threads(key) == own and isinstance(value, dict)
+                    and "verify_ms" in value):
+                return {k: value[k] for k in ("verify_ms", "verify_threads") if k in value}
+        return {}
+
     def remember(self, **values: Any) -> None:
         cache.put(MEASUREMENTS, self.key, {**self.known(), **values})
+
+
+def _without_own_threads(key: str) -> str | None:
+    """`key` with the Llama's own thread count taken out of its "threads=N,M" part."""
+    head, sep, rest = key.partition("|threads=")
+    own, comma, tail = rest.partition(",")
+    return f"{head}|threads=*,{tail}" if sep and comma and own.isdigit() else None

@@ -52,10 +52,13 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
         known = target.measurements.known()
         if known.get("decode_threads") and threads == "auto" and state.tuned_threads is None:
             state.tuned_threads = int(known["decode_threads"])
+        single = one_token_threads(llm, threads)
         try:
-            cost = CostModel.from_dict({"max_batch": target.max_batch,
-                                        "ms": restorable_curve(known, one_token_threads(llm, threads))},
-                                       padding=target.batch_padding)
+            if "verify_ms" in known:
+                points = restorable_curve(known, single)
+            else:  # none for this Llama's n_threads: one timed for another (doctor's: the defaults)
+                points = borrowed_curve(target.measurements.sibling_curve(), llm, single)
+            cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": points}, padding=target.batch_padding)
         except (KeyError, TypeError, ValueError):  # none kept, or not a curve
             cost = CostModel(max_batch=target.max_batch, padding=target.batch_padding)
         state.cost = cost
@@ -81,6 +84,18 @@ def restorable_curve(known: dict[str, Any], threads: int | None) -> dict[str, fl
     points = dict(known["verify_ms"])
     measured_with = known.get("verify_threads")
     if threads is not None and measured_with is not None and int(measured_with) != threads:
+        points.pop("1", None)
+    return points
+
+
+def borrowed_curve(sibling: dict[str, Any], llm: "llama_cpp.Llama", threads: int | None) -> dict[str, float]:
+    """The timings of a curve kept for a Llama that differs from `llm` only in its own
+    `n_threads` (`Measurements.sibling_curve`; KeyError without one): its batches hold here,
+    its t(1) only when it was timed with the count `llm`'s one-token decodes will use."""
+    if threads is None and int(llm.n_threads) == int(llm.n_threads_batch):
+        threads = int(llm.n_threads)  # "auto" with a single candidate
+    points = dict(sibling["verify_ms"])
+    if threads is None or sibling.get("verify_threads") != threads:
         points.pop("1", None)
     return points
 
