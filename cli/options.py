@@ -184,13 +184,13 @@ def load_wrapped(model_path: Path | None, n_ctx: int, threads: int | None, gpu_l
 
 def announce_calibration(fast: Any) -> None:
     """Say on stderr that the first request will time this machine's decodes, when it will:
-    a one-off cost (about 3 s on the default model, 2 CPUs) that is then kept for later runs."""
+    a one-off cost (about 1 s on the default model, 2 CPUs) that is then kept for later runs."""
     from lookahead.cache import cache_dir, enabled
 
     if fast.speculate and fast.cost.needs_calibration:
         kept = f"kept in {cache_dir()} for later runs" if enabled() else "not kept: LOOKAHEAD_NO_CACHE is set"
         click.echo("lookahead: first run of this model, build and thread setting here: the first request times "
-                   f"decodes of 1 to 16 tokens once (a few seconds), {kept}.", err=True)
+                   f"decodes of 1 to 16 tokens once (about a second), {kept}.", err=True)
 
 
 def dist_version(dist: str) -> str | None:

@@ -34,7 +34,7 @@ from .index import SuffixIndex
 from .sequences import agreeing_prefix
 
 # Verify cost t(n) in ms of one decode of n tokens: SmolLM2-135M Q4_1 with 2 threads on 2
-# AMD EPYC cores, as `lookahead bench` measures it (the adapter's `calibrate`, medians of 3
+# AMD EPYC cores, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
 # rounds, cost_curve_ms in its --json), with scripts/setup.sh's build and its Q4_1 batch kernel
 # (adapters/patches). A stock build's batches cost more there (t(64) 176 ms against 111): give
 # the simulator your machine's curve with `--curve`, in the same form.
