@@ -109,5 +109,9 @@ fi
 # ~/.cache/lookahead/models. Already installed models are not downloaded again.
 .venv/bin/lookahead models --install all
 # Batched decodes in a child process, with the default model: a build that crashes on this
-# CPU fails the set-up here, with its cause, instead of at the first request.
+# CPU fails the set-up here, with its cause, instead of at the first request. It keeps the
+# verify-cost curve for the commands' settings; the second run keeps it for a Llama made with
+# llama-cpp-python's defaults (flash attention off), so that lookahead.wrap() of a caller's own
+# Llama times nothing in its first request either (about 20 s).
 .venv/bin/lookahead doctor
+.venv/bin/lookahead doctor --no-flash-attn
