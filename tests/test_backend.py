@@ -379,10 +379,8 @@ def test_a_curve_kept_for_another_own_thread_count_is_found_and_borrowed_with_ca
     """Batches run with n_threads_batch, one-token decodes with the count kept beside the
     curve: a curve timed for the defaults (n_threads=1 on 2 CPUs: doctor's) serves a Llama
     made with n_threads=2; its t(1) only when it was timed with the count used here."""
-    from types import SimpleNamespace
-
     from lookahead.adapters.llama_cpp.state import MEASUREMENTS, Measurements
-    from lookahead.adapters.llama_cpp.wrapping import borrowed_curve
+    from lookahead.adapters.llama_cpp.wrapping import one_token_threads, restorable_curve
 
     monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
     defaults = _keyed_llm(tmp_path)
@@ -397,11 +395,13 @@ def test_a_curve_kept_for_another_own_thread_count_is_found_and_borrowed_with_ca
     assert sibling == {"verify_ms": curve, "verify_threads": 2}  # not its thread choice: another Llama's
     assert Measurements(other_batch).sibling_curve() == {}  # batches with other threads: another curve
     assert Measurements(defaults).sibling_curve() == {}  # its own entry is not a sibling
-    assert borrowed_curve(sibling, two, None) == curve  # "auto" on (2, 2): one-token decodes with 2
-    assert borrowed_curve(sibling, two, 1) == {"8": 130.0, "64": 470.0}
-    assert borrowed_curve(sibling, SimpleNamespace(n_threads=1, n_threads_batch=2), None) == {"8": 130.0, "64": 470.0}
+    assert one_token_threads(two, "auto") == 2  # "auto" with one candidate: no choice to wait for
+    assert restorable_curve(sibling, 2, borrowed=True) == curve  # one-token decodes with 2 here too
+    assert restorable_curve(sibling, 1, borrowed=True) == {"8": 130.0, "64": 470.0}
+    assert restorable_curve(sibling, None, borrowed=True) == {"8": 130.0, "64": 470.0}  # not chosen yet
+    assert restorable_curve({"verify_ms": curve}, 2, borrowed=True) == {"8": 130.0, "64": 470.0}
     with pytest.raises(KeyError):
-        borrowed_curve({}, two, 2)
+        restorable_curve({}, 2, borrowed=True)
 
 
 def test_the_measurement_key_tells_the_exact_mode_apart(tmp_path, monkeypatch):

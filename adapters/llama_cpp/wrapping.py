@@ -57,7 +57,7 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
             if "verify_ms" in known:
                 points = restorable_curve(known, single)
             else:  # none for this Llama's n_threads: one timed for another (doctor's: the defaults)
-                points = borrowed_curve(target.measurements.sibling_curve(), llm, single)
+                points = restorable_curve(target.measurements.sibling_curve(), single, borrowed=True)
             cost = CostModel.from_dict({"max_batch": target.max_batch, "ms": points}, padding=target.batch_padding)
         except (KeyError, TypeError, ValueError):  # none kept, or not a curve
             cost = CostModel(max_batch=target.max_batch, padding=target.batch_padding)
@@ -72,30 +72,26 @@ def one_token_threads(llm: "llama_cpp.Llama", threads: int | str) -> int | None:
     if threads == "keep":
         return int(llm.n_threads)
     if threads == "auto":
+        if int(llm.n_threads) == int(llm.n_threads_batch):
+            return int(llm.n_threads)  # the one candidate tune() has
         return state_of(llm).tuned_threads
     return int(threads)
 
 
-def restorable_curve(known: dict[str, Any], threads: int | None) -> dict[str, float]:
+def restorable_curve(known: dict[str, Any], threads: int | None, borrowed: bool = False) -> dict[str, float]:
     """The cached curve's timings ({n: ms}; KeyError without one) that hold for one-token
     decodes with `threads`: t(1) is dropped when it was measured with another count (batches
     run with `n_threads_batch`, which the cache key holds), and the first one-token decodes
-    of a request then set the curve's scale."""
+    of a request then set the curve's scale. `borrowed`: a curve kept for a Llama that
+    differs only in its own `n_threads` (`Measurements.sibling_curve`), whose t(1) is kept
+    only when both counts are known and equal."""
     points = dict(known["verify_ms"])
     measured_with = known.get("verify_threads")
-    if threads is not None and measured_with is not None and int(measured_with) != threads:
-        points.pop("1", None)
-    return points
-
-
-def borrowed_curve(sibling: dict[str, Any], llm: "llama_cpp.Llama", threads: int | None) -> dict[str, float]:
-    """The timings of a curve kept for a Llama that differs from `llm` only in its own
-    `n_threads` (`Measurements.sibling_curve`; KeyError without one): its batches hold here,
-    its t(1) only when it was timed with the count `llm`'s one-token decodes will use."""
-    if threads is None and int(llm.n_threads) == int(llm.n_threads_batch):
-        threads = int(llm.n_threads)  # "auto" with a single candidate
-    points = dict(sibling["verify_ms"])
-    if threads is None or sibling.get("verify_threads") != threads:
+    if borrowed:
+        other = threads is None or measured_with is None or int(measured_with) != threads
+    else:
+        other = threads is not None and measured_with is not None and int(measured_with) != threads
+    if other:
         points.pop("1", None)
     return points
 
