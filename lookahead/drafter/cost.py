@@ -119,10 +119,11 @@ class CostModel:
             return
         n_tokens = int(self._class_of[n_tokens])
         if self._restored:
-            if n_tokens == 1 and not self._live_scale:
-                self._live_scale = True
-                self._scale_recent.clear()  # the restored t(1) gives way to this process's
-            elif n_tokens > 1 and not self._live_scale:
+            if n_tokens == 1:  # t(1) is the scale, which follows the machine: no evidence on the shape
+                if not self._live_scale:
+                    self._live_scale = True
+                    self._scale_recent.clear()  # the restored t(1) gives way to this process's
+            elif not self._live_scale:
                 return
             elif n_tokens in self._restored and self._probation(n_tokens, float(ms)):
                 return
@@ -158,8 +159,6 @@ class CostModel:
         """Compare a real timing of a restored size of 2+ tokens with the restored shape at
         this process's scale (sizes past them are priced optimistically on purpose: no
         evidence against the restored curve); True if the curve was just dropped."""
-        if n_tokens == 1:
-            return False  # t(1) is the scale, which follows the machine: no evidence on the shape
         self._checks.append(ms / self.cost_ms(n_tokens))
         if len(self._checks) < self.revalidate_after:
             return False
