@@ -142,9 +142,9 @@ GGML_K_QUANTS = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-token kernels in exact mode
 
 
-# Shapes: Qwen2.5-Coder-1.5B's (1536 wide; 8960 in the MLP: 35 blocks a row, more than the
-# small-batch kernel holds at once for 3 or more columns; 25600: 100 blocks, more than it holds
-# for one), and rows that are no multiple of 8. Batches of 1 to 11 columns take lookahead's
+# Shapes: Qwen2.5-Coder-1.5B's (1536 wide; 8960 in the MLP: 35 blocks a row; 25600: 100 blocks,
+# more than the small-batch kernel prepares activations for at once), and rows that are no
+# multiple of 8. Batches of 1 to 11 columns take lookahead's
 # small-batch kernel, 12 and more ggml's tiled one: every column must come out the same either
 # way, with 1 or 2 threads.
 @pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
