@@ -566,3 +566,37 @@ def test_bench_server_errors_name_the_url(tmp_path):
     out = subprocess.run([str(BIN), "bench", str(path), "--server", url, "--methods", "plain"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "--methods does not apply to --server" in out.stderr
+
+
+def test_cold_server_runs_every_call_in_a_fresh_process_warmed_up_first():
+    from lookahead.cli.bench.llama_server import ColdServer
+
+    events = []
+
+    class FakeServer:  # records what the bench does to each process it starts
+        def __init__(self):
+            self.name = f"server{sum(e[0] == 'start' for e in events)}"
+            events.append(("start", self.name))
+
+        def wait_ready(self):
+            events.append(("ready", self.name))
+
+        def run(self, method, workload, temperature, seed):
+            events.append(("run", self.name, workload["id"]))
+            return Run(workload["id"], "edit", temperature, -1, method, 1.0, "x")
+
+        def close(self):
+            events.append(("close", self.name))
+
+    cold = ColdServer(FakeServer)
+    cold.close()  # nothing started yet: nothing to close
+    runs = [cold.run("server-ngram-mod", {"id": w}, 0.0, 1) for w in ("e1", "e1")]
+    cold.close()
+    cold.close()
+    assert [r.workload for r in runs] == ["e1", "e1"]
+    assert events == [
+        ("start", "server0"), ("ready", "server0"), ("run", "server0", "warm-up"), ("run", "server0", "e1"),
+        ("close", "server0"),
+        ("start", "server1"), ("ready", "server1"), ("run", "server1", "warm-up"), ("run", "server1", "e1"),
+        ("close", "server1"),
+    ]

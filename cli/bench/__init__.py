@@ -17,8 +17,10 @@ Methods:
                  with `draft_model=`; same model file, n_ctx and threads);
 * server-*       with --llama-server PATH: llama.cpp's server, plain and in each of its
                  speculation modes (methods.SERVER_SPEC_MODES: ngram-simple, ngram-map-k,
-                 ngram-mod, --spec-default; see `LlamaServer`). scripts/llama-server.sh builds
-                 one from current llama.cpp (no CI test: CI builds no binary).
+                 ngram-mod, --spec-default; see `LlamaServer`). Each speculative call runs
+                 in a fresh server process (`ColdServer`: ngram-mod remembers earlier
+                 requests' n-grams). scripts/llama-server.sh builds one from current
+                 llama.cpp (no CI test: CI builds no binary).
 
 With --serve / --server the methods are instead http-plain, http-lookahead and
 http-prediction, through `lookahead serve`'s HTTP API (see `http`).

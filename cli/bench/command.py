@@ -34,7 +34,8 @@ from .workloads import load_workloads
               help="Draft length of llama-cpp-python's LlamaPromptLookupDecoding (num_pred_tokens).")
 @click.option("--llama-server", "llama_server", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="llama.cpp's llama-server binary (scripts/llama-server.sh builds one): also "
-                                 f"time it plain and in each speculation mode: {', '.join(SERVER_SPEC_MODES)}.")
+                                 f"time it plain and in each speculation mode: {', '.join(SERVER_SPEC_MODES)} "
+                                 "(each of their calls in a fresh server: no memory of earlier requests).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with everything instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: speedups, acceptance, inter-token latency histograms (needs matplotlib).")

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import click
 
@@ -126,3 +126,40 @@ class LlamaServer(ServerProcess):
             run.output_tokens = n
             run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
         return run
+
+
+class ServerRunner(Protocol):
+    """What the bench needs of a llama-server method: one timed call, and shutting it down."""
+
+    def run(self, method: str, workload: dict, temperature: float, seed: int) -> Run: ...
+
+    def close(self) -> None: ...
+
+
+class ColdServer:
+    """A llama-server method whose every call runs in a fresh process, started (and sent one
+    short untimed request) before the call, so no call drafts from an earlier one's output.
+
+    llama.cpp's n-gram speculation keeps what it learned across requests: ngram-mod's pool of
+    n-grams (4M entries) is shared by all of them and reset only when a quarter full, so a
+    repeated workload drafts from its previous run's output, which no local method can (each
+    pays its whole prefill and starts with no memory). The start is outside the timed call.
+    """
+
+    WARM_UP = {"id": "warm-up", "category": "", "prompt": "Hello", "max_tokens": 4}
+
+    def __init__(self, start: Callable[[], LlamaServer]):
+        self._start = start
+        self.server: LlamaServer | None = None
+
+    def run(self, method: str, workload: dict, temperature: float, seed: int) -> Run:
+        self.close()
+        self.server = self._start()
+        self.server.wait_ready()
+        self.server.run(method, self.WARM_UP, 0.0, 0)  # first-call costs fall on no one
+        return self.server.run(method, workload, temperature, seed)
+
+    def close(self) -> None:
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.close()

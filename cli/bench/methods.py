@@ -26,6 +26,9 @@ def baseline_of(method: str) -> str:
     return SERVER_PLAIN if method.startswith("server-") and method != SERVER_PLAIN else PLAIN
 
 
+SERVER_SPEC_POLICY = ("every call in a fresh llama-server process, started and sent one short request before it: "
+                      "llama.cpp's n-gram modes keep n-grams of earlier requests (ngram-mod's shared pool), so a "
+                      "repeated workload would draft from its previous output")
 SERVER_PLAIN_BASIS = ("server-plain: decode time per output token against plain's (the server applies the chat "
                       "template its own way, so outputs and end-to-end times are not comparable)")
 

@@ -7,6 +7,7 @@ import platform
 import urllib.error
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,10 +15,11 @@ import click
 from lookahead.adapters import health
 
 from ..options import dist_version
-from .llama_server import LlamaServer
+from .llama_server import ColdServer, LlamaServer, ServerRunner
 from .local import LocalMethods
 from .measures import prompt_text, repeat_share, rotated, workload_seed
-from .methods import PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_MODES, WARMUP_TOKENS
+from .methods import (PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_MODES, SERVER_SPEC_POLICY,
+                      WARMUP_TOKENS)
 from .summary import Run, summarise
 
 SPEEDUP_BASIS = ("median wall time at temperature 0 (for a text that differs from plain's: its time to the first "
@@ -53,10 +55,12 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         if llama_server is not None:
             threads = llama.get("n_threads") or os.cpu_count() or 1
             for spec_args, method in zip(((), *SERVER_SPEC_MODES.values()), SERVER_METHODS):
-                server = LlamaServer(llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"], spec_args,
-                                     flash_attn=flash_attn)
+                start = partial(LlamaServer, llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"],
+                                spec_args, flash_attn=flash_attn)
+                server: ServerRunner = ColdServer(start) if spec_args else start()
                 stack.callback(server.close)
-                server.wait_ready()
+                if not spec_args:
+                    server.wait_ready()
                 runners[method] = server.run
         order = list(runners)
         _warm_up(runners, workloads[0])
@@ -86,6 +90,7 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
         "prefix_cache": PREFIX_CACHE_POLICY, "speedup_basis": SPEEDUP_BASIS,
         "warm_up": f"one untimed {WARMUP_TOKENS}-token call per method",
         "server_plain_basis": SERVER_PLAIN_BASIS if llama_server else None,
+        "server_speculation": SERVER_SPEC_POLICY if llama_server else None,
         "streamed": True, "order": "interleaved per workload, temperature and repetition; rotated every repetition",
         "verify_cost_ms": ({str(n): round(curve[n], 3) for n in (1, 2, 4, 8, 16, 32, 64) if n < len(curve)}
                            if curve is not None else None),
