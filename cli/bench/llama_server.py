@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import click
 
@@ -126,14 +126,6 @@ class LlamaServer(ServerProcess):
             run.output_tokens = n
             run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
         return run
-
-
-class ServerRunner(Protocol):
-    """What the bench needs of a llama-server method: one timed call, and shutting it down."""
-
-    def run(self, method: str, workload: dict, temperature: float, seed: int) -> Run: ...
-
-    def close(self) -> None: ...
 
 
 class ColdServer:

@@ -15,7 +15,7 @@ import click
 from lookahead.adapters import health
 
 from ..options import dist_version
-from .llama_server import ColdServer, LlamaServer, ServerRunner
+from .llama_server import ColdServer, LlamaServer
 from .local import LocalMethods
 from .measures import prompt_text, repeat_share, rotated, workload_seed
 from .methods import (PREFIX_CACHE_POLICY, SERVER_METHODS, SERVER_PLAIN_BASIS, SERVER_SPEC_MODES, SERVER_SPEC_POLICY,
@@ -57,9 +57,9 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
             for spec_args, method in zip(((), *SERVER_SPEC_MODES.values()), SERVER_METHODS):
                 start = partial(LlamaServer, llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"],
                                 spec_args, flash_attn=flash_attn)
-                server: ServerRunner = ColdServer(start) if spec_args else start()
+                server = ColdServer(start) if spec_args else start()  # a cold server starts at each call
                 stack.callback(server.close)
-                if not spec_args:
+                if isinstance(server, LlamaServer):
                     server.wait_ready()
                 runners[method] = server.run
         order = list(runners)
