@@ -92,17 +92,31 @@ def recording_speculation(chunks: Iterator[dict], captured: list[dict], usage: l
             yield item
 
 
+def may_be_last(chunk: dict) -> bool:
+    """Whether a stream chunk can be its last: one that ends a choice (a `finish_reason`), or
+    one without choices. A chunk of text in the middle of a choice never is."""
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    return not choices or any(c.get("finish_reason") is not None for c in choices)
+
+
 def with_speculation_last(chunks: Iterator[dict], captured: list[dict], t0: float | None = None,
                            stats: SpeculationStats | None = None,
                            usage: list[dict] | None = None, clock: Clock | None = None) -> Iterator[dict]:
     """Yield the chunks; the last one gets the request's stats (`captured[-1]`, with the
-    request's time on `clock`) and, when the stream's own chunks dropped it, its usage."""
+    request's time on `clock`) and, when the stream's own chunks dropped it, its usage.
+
+    Only a chunk that may be the last (`may_be_last`: a stream ends with its finish_reason) is
+    held until the next one comes; text is passed on as soon as it is made."""
     with closing(chunks):
         previous = None
         for item in chunks:
             if previous is not None:
                 yield previous
-            previous = item
+                previous = None
+            if may_be_last(item):
+                previous = item
+            else:
+                yield item
     if previous is not None:
         if stats is not None and t0 is not None:
             stats.total_ms = 1000 * (time.perf_counter() - t0)

@@ -243,6 +243,24 @@ def test_a_stream_closed_early_still_reports_its_stats():
     assert 1 <= chat.speculation["generated_tokens"] < 50
 
 
+def test_a_chat_stream_hands_out_each_token_before_the_next_decode():
+    """Only the chunk with the finish reason waits for the next one (to carry the stats): a
+    token's text is out before the engine decodes the next token."""
+    target = FakeTarget()
+    fast = Lookahead(target, calibrate=False, cost=flat_cost_model(target.max_batch))
+    messages = [{"role": "user", "content": "hi"}]
+    stream = fast.create_chat_completion(messages, max_tokens=5, temperature=0, stream=True, speculate=False)
+    seen = []  # decodes done when each chunk came out
+    chunks = []
+    for chunk in stream:
+        seen.append(len(target.decodes))
+        chunks.append(chunk)
+    content = [n for n, c in zip(seen, chunks) if c["choices"][0]["text"]]
+    assert content == [1, 2, 3, 4, 5]  # a short prompt: its first pass is the first decode
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "speculation" in chunks[-1]
+    assert all("speculation" not in c for c in chunks[:-1])
+
+
 def test_request_ms_counts_the_library_time_but_not_a_stream_consumers(monkeypatch):
     """A fake clock: every reading inside the library advances it 1 ms; the consumer holds each
     chunk for 1000 s. `request_ms` holds the engine's time and more, and none of the consumer's."""
