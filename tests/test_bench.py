@@ -600,3 +600,30 @@ def test_cold_server_runs_every_call_in_a_fresh_process_warmed_up_first():
         ("start", "server1"), ("ready", "server1"), ("run", "server1", "warm-up"), ("run", "server1", "e1"),
         ("close", "server1"),
     ]
+
+
+def test_llama_server_decode_time_counts_the_decodes_a_local_stream_shows():
+    """llama-server's `predicted_ms` runs from its first sampled token to its last, an
+    end-of-generation token included, and `predicted_n` counts that token too. A local method's
+    decode time is the same stretch after its first piece, over its text's tokens less one."""
+    from lookahead.cli.bench.llama_server import LlamaServer
+
+    class FakeLlamaServer(LlamaServer):
+        def __init__(self):
+            self.posts = []
+
+        def post(self, route, body):
+            self.posts.append(route)
+            if route == "/tokenize":
+                assert body == {"content": "a b c", "add_special": False, "parse_special": False}
+                return {"tokens": [64, 293, 272]}
+            # three decodes after the first token: " b", " c" and the end-of-generation token
+            return {"choices": [{"message": {"content": "a b c"}, "finish_reason": "stop"}],
+                    "timings": {"predicted_n": 4, "predicted_ms": 90.0}}
+
+    server = FakeLlamaServer()
+    run = server.run("server-plain", {"id": "r1", "category": "rag", "messages": [], "max_tokens": 64}, 0.0, 1)
+    assert server.posts == ["/v1/chat/completions", "/tokenize"]
+    assert run.output_tokens == 3 and run.generated_tokens == 4
+    assert run.ttft_s == pytest.approx(run.seconds - 0.090)
+    assert run.decode_cost == pytest.approx(0.045)

@@ -121,11 +121,20 @@ class LlamaServer(ServerProcess):
         timings = out.get("timings") or {}
         run = Run(workload["id"], workload["category"], temperature, -1, method, seconds, text)
         run.generated_tokens = timings.get("predicted_n")
-        n, decode_ms = timings.get("predicted_n"), timings.get("predicted_ms")
-        if n and n > 1 and decode_ms:  # no stream: the server's own decode time stands in for ttft
-            run.output_tokens = n
-            run.ttft_s = seconds - decode_ms / 1000 * (n - 1) / n
+        run.output_tokens = self.count_tokens(text)
+        decode_ms = timings.get("predicted_ms")
+        if decode_ms is not None:
+            # No stream, so the first token's time is the call's less the server's decode time,
+            # which runs from the first token to the last sampled one (an end-of-generation token
+            # included): the decodes that a local method's stream shows after its first piece.
+            run.ttft_s = seconds - decode_ms / 1000
         return run
+
+    def count_tokens(self, text: str) -> int:
+        """The tokens of `text` as the local methods count theirs: re-tokenized, no special tokens."""
+        if not text:
+            return 0
+        return len(self.post("/tokenize", {"content": text, "add_special": False, "parse_special": False})["tokens"])
 
 
 class ColdServer:
