@@ -627,3 +627,22 @@ def test_llama_server_decode_time_counts_the_decodes_a_local_stream_shows():
     assert run.output_tokens == 3 and run.generated_tokens == 4
     assert run.ttft_s == pytest.approx(run.seconds - 0.090)
     assert run.decode_cost == pytest.approx(0.045)
+
+
+def test_llama_server_counts_a_reasoning_models_thoughts_as_decoded_tokens():
+    from lookahead.cli.bench.llama_server import LlamaServer
+
+    class FakeLlamaServer(LlamaServer):
+        def __init__(self):
+            pass
+
+        def post(self, route, body):
+            if route == "/tokenize":
+                return {"tokens": list(range(len(body["content"].split())))}
+            return {"choices": [{"message": {"content": "c d", "reasoning_content": "a b "}}],
+                    "timings": {"predicted_n": 5, "predicted_ms": 120.0}}
+
+    run = FakeLlamaServer().run("server-plain", {"id": "r", "category": "rag", "messages": [], "max_tokens": 8},
+                                0.0, 1)
+    assert run.text == "c d" and run.output_tokens == 4
+    assert run.decode_cost == pytest.approx(0.040)

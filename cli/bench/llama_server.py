@@ -113,15 +113,18 @@ class LlamaServer(ServerProcess):
         if "messages" in workload:
             out = self.post("/v1/chat/completions",
                             {"messages": workload["messages"], "max_tokens": workload["max_tokens"], **common})
-            text = out["choices"][0]["message"].get("content") or ""
+            message = out["choices"][0]["message"]
+            text = message.get("content") or ""
+            # a reasoning model's thoughts come apart from the answer, and were decoded too
+            decoded = (message.get("reasoning_content") or "") + text
         else:
             out = self.post("/completion", {"prompt": workload["prompt"], "n_predict": workload["max_tokens"], **common})
-            text = out.get("content", "")
+            text = decoded = out.get("content", "")
         seconds = time.perf_counter() - t0
         timings = out.get("timings") or {}
         run = Run(workload["id"], workload["category"], temperature, -1, method, seconds, text)
         run.generated_tokens = timings.get("predicted_n")
-        run.output_tokens = self.count_tokens(text)
+        run.output_tokens = self.count_tokens(decoded)
         decode_ms = timings.get("predicted_ms")
         if decode_ms is not None:
             # No stream, so the first token's time is the call's less the server's decode time,
