@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SAMPLES
 from lookahead import edit
-from lookahead.edit import (AnswerCleaner, build_rewrite_messages, count_consecutive, find_loop, is_chatter,
+from lookahead.edit import (AnswerCleaner, answer_prefix, build_rewrite_messages, count_consecutive, find_loop, is_chatter,
                             output_bound, piece_budget, resume_offset, split_text)
 
 TALLYBOOK = (SAMPLES / "docs" / "tallybook_readme.md").read_text()
@@ -38,6 +38,23 @@ def test_prompt_puts_the_document_first_so_edits_share_a_prefix():
     assert "revised file" in code[0]["content"] and code[2]["content"] == "Add type hints in the file above."
     with pytest.raises(ValueError, match="instruction is empty"):
         build_rewrite_messages(TALLYBOOK, "  ")
+
+
+def test_a_code_file_s_answer_starts_with_its_fence():
+    assert answer_prefix("x = 1\n", "main.py") == "```python\n"
+    assert answer_prefix("x = 1\n", "src/App.JS") == "```javascript\n"
+    assert answer_prefix("a: 1\n", "conf.yml") == "```yaml\n"
+    assert answer_prefix(TALLYBOOK, "README.md") == answer_prefix("x = 1\n", None) == ""
+    assert answer_prefix("\n```python\nx = 1\n```\n", "snippet.py") == ""  # the file opens with a fence itself
+    text = "def a():\n    return 1\n\n\ndef b():\n    return 2\n"
+    # the model goes on after the fence: the file, then the fence that closes it and a remark
+    model = ScriptedModel(lambda s: "```python\n" + s.replace("2", "3") + "\n```\nI changed b.")
+    result = edit.rewrite(model, text, "Return 3 from b", filename="m.py", stream=False)
+    assert [r["answer_prefix"] for r in model.requests] == ["```python\n"]
+    assert result.text == text.replace("2", "3") and result.warnings == [] and result.finish_reason == "stop"
+    prose = ScriptedModel(lambda s: s.upper())
+    edit.rewrite(prose, TALLYBOOK, "Shout", filename="README.md", stream=False)
+    assert [r["answer_prefix"] for r in prose.requests] == [None]
 
 
 # ---- cleaning: fences and chatter ----------------------------------------------------------------
@@ -332,10 +349,15 @@ class ScriptedModel:
     def count_tokens(self, text):
         return len(text.split())
 
-    def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, **kw):
-        self.requests.append(dict(messages=messages, prediction=prediction, max_tokens=max_tokens, **kw))
+    def create_chat_completion(self, messages, prediction=None, stream=False, max_tokens=None, answer_prefix=None,
+                               **kw):
+        self.requests.append(dict(messages=messages, prediction=prediction, max_tokens=max_tokens,
+                                  answer_prefix=answer_prefix, **kw))
         source = prediction
-        words_out = re.findall(r"\s*\S+|\s+$", self.answer(source))[:max_tokens]  # one token per word
+        answer = self.answer(source)
+        if answer_prefix and answer.startswith(answer_prefix):  # the prompt holds it: the model goes on after it
+            answer = answer[len(answer_prefix):]
+        words_out = re.findall(r"\s*\S+|\s+$", answer)[:max_tokens]  # one token per word
         model = self
 
         def chunks():

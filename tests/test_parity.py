@@ -145,6 +145,31 @@ def test_chat(pair, fresh):
     assert chunks[-1]["speculation"]["accepted"] > 0
 
 
+def test_an_answer_prefix_is_plain_decoding_of_the_prompt_it_ends(pair, fresh, monkeypatch):
+    """`answer_prefix` goes after the chat template's prompt: the answer is plain decoding's
+    continuation of the templated prompt followed by the prefix, without the prefix itself."""
+    plain, _, fast = pair
+    messages = [{"role": "user", "content": "Write the numbers from 1 to 30 in words, separated by commas."}]
+    prompts = []
+    complete = fast.create_completion
+    monkeypatch.setattr(fast, "create_completion", lambda prompt, **kw: prompts.append(prompt) or complete(prompt, **kw))
+    prefix = "Here they are: one, two,"
+    clear_kv_cache(fresh)
+    fast.create_chat_completion(messages, max_tokens=1, temperature=0)
+    clear_kv_cache(fresh)
+    fast.create_chat_completion(messages, max_tokens=1, temperature=0, answer_prefix=prefix)
+    templated, prefixed = prompts
+    assert prefixed == [*templated, *fresh.tokenize(prefix.encode(), add_bos=False, special=False)]
+    expected = reference_for(plain, prefixed, 60)
+    clear_kv_cache(fresh)
+    got = fast.create_chat_completion(messages, max_tokens=60, temperature=0, answer_prefix=prefix,
+                                      references=[expected])
+    assert got["choices"][0]["message"]["content"] == expected != ""
+    assert got["speculation"]["accepted"] > 10
+    with pytest.raises(ValueError, match="answer_prefix"):
+        fast.create_chat_completion(messages, answer_prefix=3)
+
+
 def test_two_interleaved_streams_keep_their_own_stats(pair, fresh):
     """Stats travel with each request: interleaving two chat streams does not mix them."""
     _, _, fast = pair

@@ -27,12 +27,14 @@ block is too long), each piece with its own source as the reference, streamed in
 
 The prompt puts the document first and the instruction after it, so two edits of the same
 document with different instructions share the document's tokens as a prompt prefix and the
-second request reuses their KV cache (`speculation["reused_prompt_tokens"]`).
+second request reuses their KV cache (`speculation["reused_prompt_tokens"]`). The answer to a
+code file's rewrite starts with its code fence (`answer_prefix`, passed as the wrapper's
+`answer_prefix`), so the model answers with the file rather than a sentence about it.
 
 The package is pure text logic plus calls to the wrapper (`fast.create_chat_completion`,
 `fast.count_tokens`, `fast.n_ctx`); it imports no backend. Its modules, each one job:
 
-    prompt.py   the chat turns a rewrite sends, and which files are code
+    prompt.py   the chat turns a rewrite sends, how its answer starts, which files are code
     clean.py    the answer cleaned as it streams (chatter, fences, an echoed instruction)
     loops.py    loop detection: lines repeated back to back more often than in the source
     split.py    where a text is cut into pieces, where a rewrite cut short resumes, what it skipped
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 from .clean import AnswerCleaner, is_chatter, is_fence
 from .loops import LOOP_MAX_PERIOD, copies_allowed, count_consecutive, find_loop, tail_repeats
-from .prompt import CODE_SUFFIXES, build_rewrite_messages, instruction_lines, is_code
+from .prompt import CODE_SUFFIXES, answer_prefix, build_rewrite_messages, instruction_lines, is_code
 from .result import DIVERGED_LINES_KEPT, EditResult, PieceResult, lines_kept, merge_speculation
 from .run import MIN_PIECE_TOKENS, TEMPLATE_SLACK_TOKENS, Rewrite, rewrite
 from .split import (DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, ended_offset, output_bound, piece_budget,
@@ -52,7 +54,7 @@ from .split import (DEFAULT_GROWTH, OUTPUT_SLACK_TOKENS, ended_offset, output_bo
 __all__ = [
     "AnswerCleaner", "CODE_SUFFIXES", "DEFAULT_GROWTH", "DIVERGED_LINES_KEPT", "EditResult", "LOOP_MAX_PERIOD",
     "MIN_PIECE_TOKENS", "OUTPUT_SLACK_TOKENS", "PieceResult", "Rewrite", "TEMPLATE_SLACK_TOKENS",
-    "build_rewrite_messages", "copies_allowed", "count_consecutive", "find_loop", "instruction_lines",
+    "answer_prefix", "build_rewrite_messages", "copies_allowed", "count_consecutive", "find_loop", "instruction_lines",
     "is_chatter", "is_code", "is_fence", "lines_kept", "merge_speculation", "output_bound", "piece_budget",
     "resume_offset", "rewrite", "skipped_head", "ended_offset", "split_text", "tail_repeats",
 ]

@@ -1,8 +1,12 @@
 """The rewrite's prompt: the chat turns a rewrite sends, and which files are code."""
 from __future__ import annotations
 
-CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java", ".sh", ".rb", ".php", ".cs",
-                 ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".sql", ".html", ".css"}
+# The fence's language name per code suffix (Markdown's names; a suffix not here gets none).
+FENCE_LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".c": "c", ".h": "c", ".cpp": "cpp",
+                   ".rs": "rust", ".go": "go", ".java": "java", ".sh": "bash", ".rb": "ruby", ".php": "php",
+                   ".cs": "csharp", ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml",
+                   ".ini": "ini", ".cfg": "ini", ".sql": "sql", ".html": "html", ".css": "css"}
+CODE_SUFFIXES = frozenset(FENCE_LANGUAGES)
 
 
 def is_code(filename: str | None) -> bool:
@@ -47,3 +51,23 @@ def instruction_lines(messages: list[dict], document: str) -> list[str]:
         rest = content[:at] + "\n" + content[at + len(document):] if at >= 0 else content
         out.extend(l for l in rest.split("\n") if l.strip())
     return out
+
+
+def answer_prefix(text: str, filename: str | None = None) -> str:
+    """What the answer to a rewrite of `text` starts with, put in the prompt after the chat
+    template (the model continues it): for a code file, the opening code fence ("```python\n").
+
+    Given the fence, instruct models answer with the file itself: without it the default model
+    began two of the three code rewrites of the rewrite bench with a sentence about the
+    change ("To fix the bug in the `chunked` function, we need to ...", then only the fixed
+    function), tokens that no draft can copy. Prose gets no prefix: a Markdown fence made the
+    same model rewrite a how-to's first lines instead of copying them. Nor does a file whose
+    own first line is a fence.
+    """
+    if not is_code(filename):
+        return ""
+    first = next((line for line in text.split("\n") if line.strip()), "")
+    if first.lstrip().startswith(("```", "~~~")):
+        return ""
+    suffix = "." + filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
+    return "```" + FENCE_LANGUAGES.get(suffix, "") + "\n"

@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable, Generator, Iterator
 
 from .clean import AnswerCleaner
-from .prompt import build_rewrite_messages, instruction_lines, is_code
+from .prompt import answer_prefix, build_rewrite_messages, instruction_lines, is_code
 from .result import EditResult, PieceResult, lines_kept, merge_speculation
 from .split import (DEFAULT_GROWTH, ended_offset, output_bound, piece_budget, resume_offset, skipped_head,
                     split_text)
@@ -126,8 +126,11 @@ class Rewrite:
         t0 = time.perf_counter()
         # the source is the answer's prediction: a reference whose drafted / accepted tokens
         # the stats count apart (`prediction_drafted`, `prediction_accepted`)
+        prefix = answer_prefix(core, self.filename)
+        extra = {"answer_prefix": prefix} if prefix else {}
+        cleaner.feed(prefix)  # the answer opens with it (a code fence: dropped, as if the model wrote it)
         chunks = self.fast.create_chat_completion(messages, prediction=core, stream=True,
-                                                  max_tokens=result.max_tokens, **self.sampling)
+                                                  max_tokens=result.max_tokens, **extra, **self.sampling)
         finish = None
         try:
             for chunk in chunks:
