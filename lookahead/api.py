@@ -299,10 +299,14 @@ class Lookahead:
         `prediction` and `speculate` as in `create_completion`, and a `speculation` entry
         (stream: in the last chunk). `answer_prefix`: text the assistant's answer starts with,
         put after the template's prompt, so that the model continues it (the returned content
-        is what follows it); a rewrite of a code file opens its answer with the code fence.
+        is what follows it; `usage.prompt_tokens` counts it); a rewrite of a code file opens
+        its answer with the code fence. Not with `tools` or `functions`.
         """
         if answer_prefix is not None and not isinstance(answer_prefix, str):
             raise ValueError(f"answer_prefix must be a str or None, got {answer_prefix!r}")
+        if answer_prefix and (kwargs.get("tools") or kwargs.get("functions")):
+            # a tool-calling template completes more than once (choosing a tool, then its call)
+            raise ValueError("answer_prefix cannot be combined with tools or functions")
         prefix_tokens = self.target.tokenize(answer_prefix, add_bos=False, special=False) if answer_prefix else []
         clock = Clock()
         captured: list[dict] = []  # this request's stats, whatever the template does with chunks
@@ -311,9 +315,11 @@ class Lookahead:
 
         def complete(*args: Any, **completion_kwargs: Any):
             completion_kwargs.update(references=references, prediction=prediction, speculate=speculate)
-            if prefix_tokens:  # the chat handler passes the templated prompt as tokens
+            if prefix_tokens:  # after the templated prompt, as tokens (a str prompt tokenized first)
                 prompt = args[0] if args else completion_kwargs.pop("prompt")
-                args = (_extended(prompt, prefix_tokens, answer_prefix), *args[1:])
+                if isinstance(prompt, str):
+                    prompt = self.target.completion_prompt_tokens(prompt)
+                args = ([*prompt, *prefix_tokens], *args[1:])
             result = self.create_completion(*args, **completion_kwargs)
             if isinstance(result, dict):
                 captured.append(result.get("speculation"))
@@ -345,11 +351,6 @@ class Lookahead:
             return result
         return CompletionStream(with_speculation_last(result, [stats.to_dict()], t0=t0, stats=stats, clock=clock),
                                 stats.to_dict, clock)
-
-
-def _extended(prompt: str | Sequence[int], tokens: list[int], text: str) -> str | list[int]:
-    """`prompt` followed by the answer prefix (`text`, as `tokens`), in the prompt's own form."""
-    return prompt + text if isinstance(prompt, str) else [*prompt, *tokens]
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

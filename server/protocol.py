@@ -151,7 +151,7 @@ class EditRequest(_Strict):
     text: str  # the whole buffer
     instruction: str
     region: Optional[list[int]] = Field(default=None, min_length=2, max_length=2)  # [start, end) offsets
-    filename: Optional[str] = None  # tells code from prose (the prompt's wording, where pieces are cut)
+    filename: Optional[str] = None  # tells code from prose (prompt wording, fence, where pieces are cut)
     references: Optional[list[str]] = Field(default=None, max_length=MAX_REFERENCES)  # more texts to copy from
     model: Optional[str] = None
     stream: Optional[bool] = None

@@ -55,6 +55,25 @@ def test_a_code_file_s_answer_starts_with_its_fence():
     prose = ScriptedModel(lambda s: s.upper())
     edit.rewrite(prose, TALLYBOOK, "Shout", filename="README.md", stream=False)
     assert [r["answer_prefix"] for r in prose.requests] == [None]
+    with pytest.raises(ValueError, match="answer_prefix"):
+        edit.rewrite(model, text, "Return 3 from b", filename="m.py", answer_prefix="```\n")
+
+
+@pytest.mark.parametrize("after_prefix", ["```python\n", "Here is the fixed file:\n```python\n",
+                                          "Here is the fixed file:\n\n```py\n"])
+def test_a_fence_or_chatter_repeated_after_the_prompt_s_fence_is_dropped(after_prefix):
+    text = "def a():\n    return 1\n\n\ndef b():\n    return 2\n"
+    model = ScriptedModel(lambda s: "```python\n" + after_prefix + s.replace("2", "3") + "\n```\nI changed b.")
+    result = edit.rewrite(model, text, "Return 3 from b", filename="m.py", stream=False)
+    assert result.text == text.replace("2", "3") and result.warnings == []
+
+
+def test_an_answer_that_closes_the_prompt_s_fence_at_once_keeps_the_original():
+    text = "def a():\n    return 1\n"
+    model = ScriptedModel(lambda s: "```python\n```\nThe file is already correct.")
+    result = edit.rewrite(model, text, "Fix a", filename="m.py", stream=False)
+    assert result.text == text and result.pieces[0].finish_reason == "empty"
+    assert result.warnings == ["the rewrite: the model returned no text; kept the original"]
 
 
 # ---- cleaning: fences and chatter ----------------------------------------------------------------

@@ -166,8 +166,16 @@ def test_an_answer_prefix_is_plain_decoding_of_the_prompt_it_ends(pair, fresh, m
                                       references=[expected])
     assert got["choices"][0]["message"]["content"] == expected != ""
     assert got["speculation"]["accepted"] > 10
+    assert got["usage"]["prompt_tokens"] == len(prefixed)
+    clear_kv_cache(fresh)
+    chunks = list(fast.create_chat_completion(messages, max_tokens=60, temperature=0, answer_prefix=prefix,
+                                              references=[expected], stream=True))
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == expected
     with pytest.raises(ValueError, match="answer_prefix"):
         fast.create_chat_completion(messages, answer_prefix=3)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(ValueError, match="answer_prefix cannot be combined with tools"):
+        fast.create_chat_completion(messages, answer_prefix=prefix, tools=[tool])
 
 
 def test_two_interleaved_streams_keep_their_own_stats(pair, fresh):

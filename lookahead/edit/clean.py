@@ -69,9 +69,14 @@ class AnswerCleaner:
     (the caller puts the source's own back). Lines that might be the start of a repeat or
     of a sign-off are held until they are known not to be; a line the source does not
     start is shown once it is complete.
+
+    `opened`: the answer is already inside a fence (the prompt ended with the opening one):
+    one more opening fence with a language name among its first lines is dropped as a
+    repeat of it, and a bare fence closes the answer.
     """
 
-    def __init__(self, source: str, echo_lines: Sequence[str] = (), max_period: int = LOOP_MAX_PERIOD):
+    def __init__(self, source: str, echo_lines: Sequence[str] = (), max_period: int = LOOP_MAX_PERIOD,
+                 opened: bool = False):
         self.source_lines = source.split("\n")
         # lines of the prompt that are not the document (the instruction): a model that
         # repeats one has finished the document
@@ -85,7 +90,8 @@ class AnswerCleaner:
         self._partial = ""  # incomplete last line
         self._partial_released = 0  # characters of _partial already released
         self._head = True  # still looking at the answer's first lines (chatter / fence)
-        self._fenced = False  # the answer opened a fence around the whole document
+        self._fenced = opened  # the answer opened a fence around the whole document
+        self._reopen = opened  # a "```lang" line at the head would repeat the prompt's fence
         self._inner_fence = False  # inside a fence of the document itself
         self._source_fences = sum(is_fence(l) for l in self.source_lines)
         self._body_fences = 0  # fence lines of the document's own code blocks seen in the answer
@@ -147,6 +153,10 @@ class AnswerCleaner:
                     out = self._add_line(intro, 0)
                     out += "".join(self._add_line("", 0) for _ in range(self._intro_gap))
                     return out + self._add_line(line, already_released)
+            if self._reopen and is_fence(line) and _FENCE.match(line).group(2):
+                self._reopen = False
+                self.dropped.append(line)
+                return ""
             if ((is_chatter(line) or is_rule(line)) and line.strip() != self._source_first) or (
                     is_fence(line) and not self._source_starts_fenced and not self._fenced):
                 if is_fence(line):

@@ -1,5 +1,7 @@
-"""The rewrite's prompt: the chat turns a rewrite sends, and which files are code."""
+"""The rewrite's prompt: the chat turns a rewrite sends, how its answer starts, which files are code."""
 from __future__ import annotations
+
+from .clean import is_fence
 
 # The fence's language name per code suffix (Markdown's names; a suffix not here gets none).
 FENCE_LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".c": "c", ".h": "c", ".cpp": "cpp",
@@ -66,8 +68,7 @@ def answer_prefix(text: str, filename: str | None = None) -> str:
     """
     if not is_code(filename):
         return ""
-    first = next((line for line in text.split("\n") if line.strip()), "")
-    if first.lstrip().startswith(("```", "~~~")):
+    if is_fence(next((line for line in text.split("\n") if line.strip()), "")):
         return ""
     suffix = "." + filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
     return "```" + FENCE_LANGUAGES.get(suffix, "") + "\n"

@@ -121,14 +121,13 @@ class Rewrite:
         them); adds it to `emitted` and the stats to `result`. Returns the cleaner and the
         request's finish reason, and the source lines put back in front."""
         messages = build_rewrite_messages(core, self.instruction, self.filename)
-        cleaner = AnswerCleaner(core, echo_lines=instruction_lines(messages, core))
+        prefix = answer_prefix(core, self.filename)
+        cleaner = AnswerCleaner(core, echo_lines=instruction_lines(messages, core), opened=bool(prefix))
         head = _HeadCheck(core)
         t0 = time.perf_counter()
         # the source is the answer's prediction: a reference whose drafted / accepted tokens
         # the stats count apart (`prediction_drafted`, `prediction_accepted`)
-        prefix = answer_prefix(core, self.filename)
-        extra = {"answer_prefix": prefix} if prefix else {}
-        cleaner.feed(prefix)  # the answer opens with it (a code fence: dropped, as if the model wrote it)
+        extra = {"answer_prefix": prefix} if prefix else {}  # the fence the cleaner was told is open
         chunks = self.fast.create_chat_completion(messages, prediction=core, stream=True,
                                                   max_tokens=result.max_tokens, **extra, **self.sampling)
         finish = None
@@ -271,7 +270,8 @@ def rewrite(fast: Any, text: str, instruction: str, *, region: tuple[int, int] |
 
     fast: a `lookahead.Lookahead` (`lookahead.load()` / `lookahead.wrap(llm)`).
     region: (start, end) character offsets of the part to rewrite; the rest is not sent.
-    filename: used to tell code from prose (the prompt's wording, where pieces are cut).
+    filename: used to tell code from prose (the prompt's wording, where pieces are cut, and a
+        code file's answer opening with its code fence).
     stream: True returns a `Rewrite` to iterate for str pieces (then `.result`); False runs it
         and returns the `EditResult`.
     max_tokens: most tokens to generate over the whole rewrite (default: no total limit; each
@@ -314,7 +314,7 @@ def _checked_region(text: Any, instruction: Any, region: Any, growth: float, max
         raise ValueError(f"growth must be > 0, got {growth!r}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens!r}")
-    for reserved in ("messages", "prediction", "stream"):
+    for reserved in ("messages", "prediction", "stream", "answer_prefix"):
         if reserved in sampling:
             raise ValueError(f"{reserved!r} is set by rewrite itself; do not pass it")
     return start, end
