@@ -28,8 +28,8 @@ block is too long), each piece with its own source as the reference, streamed in
 The prompt puts the document first and the instruction after it, so two edits of the same
 document with different instructions share the document's tokens as a prompt prefix and the
 second request reuses their KV cache (`speculation["reused_prompt_tokens"]`). The answer to a
-code file's rewrite starts with its code fence (`answer_prefix`, passed as the wrapper's
-`answer_prefix`), so the model answers with the file rather than a sentence about it.
+code file's rewrite starts with its code fence (`answer_prefix()`, sent as
+`create_chat_completion`'s `answer_prefix`), so the model answers with the file, not a sentence.
 
 The package is pure text logic plus calls to the wrapper (`fast.create_chat_completion`,
 `fast.count_tokens`, `fast.n_ctx`); it imports no backend. Its modules, each one job:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .clean import is_fence
 
-# The fence's language name per code suffix (Markdown's names; a suffix not here gets none).
+# The fence's language name per code suffix (Markdown's names); these suffixes make a file code.
 FENCE_LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".c": "c", ".h": "c", ".cpp": "cpp",
                    ".rs": "rust", ".go": "go", ".java": "java", ".sh": "bash", ".rb": "ruby", ".php": "php",
                    ".cs": "csharp", ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml",
