@@ -11,12 +11,15 @@ FENCE_LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".
 CODE_SUFFIXES = frozenset(FENCE_LANGUAGES)
 
 
+def _code_suffix(filename: str | None) -> str | None:
+    """The code suffix `filename` ends with (lower case), or None for prose or no name."""
+    name = (filename or "").lower()
+    return next((suffix for suffix in CODE_SUFFIXES if name.endswith(suffix)), None)
+
+
 def is_code(filename: str | None) -> bool:
     """Whether `filename` names a code or config file (by suffix), as opposed to prose."""
-    if not filename:
-        return False
-    name = filename.lower()
-    return any(name.endswith(suffix) for suffix in CODE_SUFFIXES)
+    return _code_suffix(filename) is not None
 
 
 def build_rewrite_messages(text: str, instruction: str, filename: str | None = None) -> list[dict]:
@@ -66,9 +69,7 @@ def answer_prefix(text: str, filename: str | None = None) -> str:
     same model rewrite a how-to's first lines instead of copying them. Nor does a file whose
     own first line is a fence.
     """
-    if not is_code(filename):
+    suffix = _code_suffix(filename)
+    if suffix is None or is_fence(next((line for line in text.split("\n") if line.strip()), "")):
         return ""
-    if is_fence(next((line for line in text.split("\n") if line.strip()), "")):
-        return ""
-    suffix = "." + filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
-    return "```" + FENCE_LANGUAGES.get(suffix, "") + "\n"
+    return "```" + FENCE_LANGUAGES[suffix] + "\n"
