@@ -77,6 +77,11 @@ def test_batch_padding_follows_the_exact_kernel_of_the_file_type(exactness, file
     assert exact.batch_padding(exactness, file_type) == padding
 
 
+def test_with_avx512_vnni_12_columns_are_not_padded():
+    assert exact.batch_padding(exact.Exactness(True), "15", avx512_vnni=True) == (13, 16)
+    assert exact.batch_padding(exact.Exactness(False, "--no-exact"), "15", avx512_vnni=True) is None
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda m: m.setenv(exact.ENV, "0"), "--no-exact"),
     (lambda m: m.setattr(exact, "_IN_FORCE_FROM_START", False), "import lookahead first"),

@@ -9,7 +9,7 @@ import numpy as np
 
 from lookahead.sequences import agreeing_prefix
 
-from .. import exact
+from .. import exact, health
 from .backend import lib
 from .chat import chat_completion
 from . import rpc
@@ -108,7 +108,8 @@ class LlamaCppTarget:
     @property
     def batch_padding(self) -> tuple[int, int] | None:
         """How this build pads batches (lookahead.engine.PaddedTarget; adapters.exact)."""
-        return exact.batch_padding(self._exactness, self.llm.metadata.get("general.file_type"))
+        return exact.batch_padding(self._exactness, self.llm.metadata.get("general.file_type"),
+                                   health.system_info().get("AVX512_VNNI") == "1")
 
     @property
     def penalty_last_n(self) -> int:
