@@ -111,25 +111,30 @@ def of_llama(llm) -> Exactness:
 # (ggml-exact-k-quants.patch): measured with Qwen2.5-Coder-1.5B Q4_K_M on 2 threads at
 # position 513, t(12) = 0.96 t(16), t(17) = 0.94 t(32), t(33) = 1.04 t(48), t(49) = 0.99 t(64).
 K_QUANT_PADDING = (12, 16)
-# Built with AVX-512 VNNI, it takes 12 columns of Q4_K and Q6_K weights column by column too
-# (4 columns to a vector, ggml-tiled-same-results.patch): t(12) = 0.75 t(13) there.
-K_QUANT_PADDING_VNNI = (13, 16)
+# Built with AVX-512 VNNI, it takes up to 16 columns of Q4_K and Q6_K weights without padding
+# (lanes as columns, ggml-tiled-same-results.patch): there t(12) = 0.77 t(16), t(16) = 0.61 t(17).
+# Q5_K weights keep the tiles from 12 columns.
+K_QUANT_PADDING_VNNI = (17, 16)
 # llama_ftype ids (llama.h) of files whose weights are nearly all Q4_K, Q5_K or Q6_K:
 # Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K.
 _K_QUANT_FILE_TYPES = frozenset({14, 15, 16, 17, 18})
+# ... and of those with no Q5_K weights: Q4_K_M (Q4_K and Q6_K), Q6_K. (Q4_K_S puts Q5_K in
+# some layers' ffn_down and attn_v.)
+_Q4_K_Q6_K_FILE_TYPES = frozenset({15, 18})
 
 
 def batch_padding(exactness: Exactness, file_type: str | int | None,
                   avx512_vnni: bool = False) -> tuple[int, int] | None:
     """How the batches of a model with this `general.file_type` are padded (from_n, multiple),
     or None when their cost has no such steps or they are not known (the stock kernels).
-    `avx512_vnni`: the build's CPU backend has AVX-512 VNNI (health.system_info())."""
+    `avx512_vnni`: the build's CPU backend has AVX-512 VNNI (health.system_info(); the kernel
+    also needs AVX-512 VL, which every CPU with VNNI has)."""
     try:
         ftype = int(file_type) if file_type is not None else None
     except ValueError:
         return None
     if exactness.exact and ftype in _K_QUANT_FILE_TYPES:
-        return K_QUANT_PADDING_VNNI if avx512_vnni else K_QUANT_PADDING
+        return K_QUANT_PADDING_VNNI if avx512_vnni and ftype in _Q4_K_Q6_K_FILE_TYPES else K_QUANT_PADDING
     return None
 
 

@@ -77,9 +77,15 @@ def test_batch_padding_follows_the_exact_kernel_of_the_file_type(exactness, file
     assert exact.batch_padding(exactness, file_type) == padding
 
 
-def test_with_avx512_vnni_12_columns_are_not_padded():
-    assert exact.batch_padding(exact.Exactness(True), "15", avx512_vnni=True) == (13, 16)
-    assert exact.batch_padding(exact.Exactness(False, "--no-exact"), "15", avx512_vnni=True) is None
+@pytest.mark.parametrize("file_type, padding", [
+    ("15", (17, 16)),  # Q4_K_M: Q4_K and Q6_K, whose 12-16 columns the lanes-as-columns kernel takes
+    (18, (17, 16)),  # Q6_K
+    ("17", (12, 16)),  # Q5_K_M: Q5_K weights keep the tiles from 12 columns
+    ("14", (12, 16)),  # Q4_K_S: some layers in Q5_K
+])
+def test_with_avx512_vnni_up_to_16_columns_of_q4_k_and_q6_k_are_not_padded(file_type, padding):
+    assert exact.batch_padding(exact.Exactness(True), file_type, avx512_vnni=True) == padding
+    assert exact.batch_padding(exact.Exactness(False, "--no-exact"), file_type, avx512_vnni=True) is None
 
 
 @pytest.mark.parametrize("change, says", [
