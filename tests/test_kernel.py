@@ -145,10 +145,11 @@ GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-t
 # Shapes: Qwen2.5-Coder-1.5B's (1536 wide; 8960 in the MLP: 35 blocks a row; 25600: 100 blocks,
 # more than the small-batch kernel prepares activations for at once), and rows that are no
 # multiple of 8. Batches of 1 to 11 columns take lookahead's small-batch kernel (with AVX-512
-# VNNI, 7 to 16 columns of Q4_K and Q6_K its lanes-as-columns loop, four or two rows at a time:
-# ggml's row chunks of 578, 18 and 3 rows leave rows over, and 18 x 25600 does so past the 64
-# blocks it prepares at once), 12 (17 there) and more ggml's tiled one: every column must come
-# out the same either way, with 1 or 2 threads.
+# VNNI, 7 to 16 columns of Q4_K and Q6_K its lanes-as-columns loop, four rows at a time, two
+# from 13 columns: ggml's row chunks of 578 and 3 rows leave rows over at four, 18 rows (two
+# chunks of 9) at two as well, and 18 x 25600 does so past the 64 blocks it prepares at once),
+# 12 (17 there) and more ggml's tiled one: every column must come out the same either way,
+# with 1 or 2 threads.
 @pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
 @pytest.mark.parametrize("m,k", [(1536, 1536), (64, 8960), (16, 25600), (18, 25600), (578, 512), (3, 256)])
 def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
