@@ -9,6 +9,7 @@ would take, and its speedup over one decode per token, in milliseconds of simula
 
     python -m lookahead.simulate TRACES.json [--curve 1:8.8,2:22.9,...] [--temperature T] [-v]
     python -m lookahead.simulate priors TRACES.json      # the drafter's prior tables, refitted
+    python -m lookahead.simulate steps TRACES.json --id ID [--curve ...]  # one trace, pass by pass
 
 TRACES.json: [{"id", "category", "temperature", "max_tokens", "prompt": [ids], "output": [ids],
 "references": [[ids], ...]}, ...], written by samples/examples/record_traces.py.
@@ -62,6 +63,18 @@ class Replay:
         return (self.plain_ms + self.prefill_ms) / total if total else 1.0
 
 
+@dataclass(frozen=True)
+class Step:
+    """One pass of a replay."""
+
+    position: int  # output tokens emitted before it
+    drafted: int
+    accepted: int
+    match_length: int  # the candidate's (0: no candidate)
+    kind: int  # the candidate's kind (an index into KIND_NAMES; -1: no candidate)
+    ms: float  # the pass's cost, t(drafted + 1)
+
+
 def pinned_cost(points: Sequence[tuple[int, float]] = DEFAULT_CURVE, max_batch: int = 512,
                 padding: tuple[int, int] | None = None) -> CostModel:
     """A cost model that holds `points` ((n, ms), ...) and learns nothing more; `padding` as
@@ -83,12 +96,14 @@ def _new_index(prompt: Sequence[int], references: Sequence[Sequence[int]]) -> Su
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_ms: Callable[[int], float],
-           references: Sequence[Sequence[int]] = (), max_tokens: int | None = None) -> Replay:
+           references: Sequence[Sequence[int]] = (), max_tokens: int | None = None,
+           steps: list[Step] | None = None) -> Replay:
     """Replay `output` (the target's tokens after `prompt`) with `drafter`; cost_ms(n) = t(n).
 
     `max_tokens`: the request's cap, which bounds drafts as in the engine (a draft may run past
     the end of an output that stopped at EOS, and fail there). None: the output's own length,
-    which tells the drafter where the output ends (optimistic for short answers).
+    which tells the drafter where the output ends (optimistic for short answers). `steps`: a
+    list that gets every pass appended.
     """
     cap = len(output) if max_tokens is None else max(int(max_tokens), len(output))
     index = _new_index(prompt, references)
@@ -102,6 +117,8 @@ def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_
         path = _walk(draft, output[pos : pos + k])
         a = len(path)
         drafter.record(draft, a, path)
+        if steps is not None:
+            steps.append(Step(pos, k, a, draft.match_length if k else 0, draft.kind if k else -1, cost_ms(k + 1)))
         index.extend(output[pos : pos + a + 1])
         pos += a + 1
         passes += 1
@@ -112,10 +129,12 @@ def replay(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_
 
 
 def replay_oracle(prompt: Sequence[int], output: Sequence[int], drafter: Drafter, cost_ms: Callable[[int], float],
-                  references: Sequence[Sequence[int]] = (), max_tokens: int | None = None) -> Replay:
+                  references: Sequence[Sequence[int]] = (), max_tokens: int | None = None,
+                  steps: list[Step] | None = None) -> Replay:
     """The best a length policy can do with `drafter`'s candidates: knowing the output, draft
     at every step as much of the candidate's accepted prefix as pays best ((k + 1) / t(k + 1)
-    against 1 / t(1)), or nothing."""
+    against 1 / t(1)), or nothing. `steps`: as for `replay` (the candidate's length and kind
+    are given for the passes that draft nothing too)."""
     cap = len(output) if max_tokens is None else max(int(max_tokens), len(output))
     index = _new_index(prompt, references)
     drafter.reset()
@@ -132,6 +151,9 @@ def replay_oracle(prompt: Sequence[int], output: Sequence[int], drafter: Drafter
         if rates[k] < drafter.min_gain * rates[0]:
             k = 0
         drafter.note_drafted(k)
+        if steps is not None:
+            steps.append(Step(pos, k, k, cand.match_length if cand is not None else 0,
+                              cand.kind if cand is not None else -1, cost_ms(k + 1)))
         index.extend(output[pos : pos + k + 1])
         pos += k + 1
         passes += 1
@@ -283,6 +305,39 @@ def format_report(summary: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def trace_steps(trace: dict, cost: CostModel) -> tuple[list[Step], list[Step]]:
+    """One trace's passes, greedy or sampled as recorded: the drafter's, then the oracle's."""
+    sampled = float(trace.get("temperature", 0.0)) > 0
+    policy: list[Step] = []
+    oracle: list[Step] = []
+    args = (trace["prompt"], trace["output"])
+    refs, cap = trace.get("references", ()), trace.get("max_tokens")
+    replay(*args, with_stops(Drafter(cost, sampled=sampled), trace), cost.cost_ms, refs, cap, policy)
+    replay_oracle(*args, with_stops(Drafter(cost, sampled=sampled), trace), cost.cost_ms, refs, cap, oracle)
+    return policy, oracle
+
+
+def format_steps(name: str, steps: Sequence[Step]) -> str:
+    """One line per pass that drafts, one per run of passes that do not; the total time first."""
+    lines = [f"{name}: {len(steps)} passes, {sum(s.ms for s in steps):.0f} ms"]
+    i = 0
+    while i < len(steps):
+        s = steps[i]
+        if s.drafted:
+            kind = KIND_NAMES[s.kind] if 0 <= s.kind < len(KIND_NAMES) else "-"
+            lines.append(f"  @{s.position:<5d} drafted {s.drafted:3d} accepted {s.accepted:3d}  "
+                         f"{kind} match {s.match_length}  {s.ms:.1f} ms")
+            i += 1
+            continue
+        j = i
+        while j < len(steps) and not steps[j].drafted:
+            j += 1
+        lines.append(f"  @{s.position:<5d} {j - i} pass{'es' if j - i > 1 else ''} without a draft  "
+                     f"{sum(x.ms for x in steps[i:j]):.1f} ms")
+        i = j
+    return "\n".join(lines)
+
+
 def format_priors(name: str, rates: np.ndarray) -> str:
     """The table as lookahead/drafter/priors.py spells it: one row per source kind."""
     rows = [f"    ({', '.join(f'{x:.3f}' for x in row)}),  # {kind}" for kind, row in zip(KIND_NAMES, rates)]
@@ -291,7 +346,7 @@ def format_priors(name: str, rates: np.ndarray) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lookahead.simulate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", nargs="?", choices=("replay", "priors"), default="replay")
+    parser.add_argument("command", nargs="?", choices=("replay", "priors", "steps"), default="replay")
     parser.add_argument("traces")
     parser.add_argument("--curve", type=_parse_curve, default=DEFAULT_CURVE,
                         help="verify cost t(n) in ms as N:MS,N:MS,... (default: %(default)s)")
@@ -301,11 +356,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, action="append",
                         help="only traces recorded at this temperature (repeatable)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
+    parser.add_argument("--id", help="steps: the trace to show pass by pass, the drafter's passes then the oracle's")
     args = parser.parse_args(argv)
     traces = json.load(open(args.traces))
     if args.temperature:
         traces = [t for t in traces if float(t.get("temperature", 0.0)) in args.temperature]
     cost = pinned_cost(args.curve, padding=args.padding)
+    if args.command == "steps":
+        chosen = [t for t in traces if t.get("id") == args.id]
+        if not chosen:
+            parser.error(f"--id {args.id!r}: no trace of that id in {args.traces}")
+        for trace in chosen:
+            policy, oracle = trace_steps(trace, cost)
+            print(f"{args.id} ({trace['category']}, temperature {trace.get('temperature', 0.0)}, "
+                  f"{len(trace['output'])} tokens)")
+            print(format_steps("drafter", policy))
+            print(format_steps("oracle", oracle))
+        return
     if args.command == "priors":
         for sampled in (False, True):
             chosen = [t for t in traces if (float(t.get("temperature", 0.0)) > 0) == sampled]

@@ -113,6 +113,34 @@ def test_report_and_command_line(tmp_path, capsys):
         simulate.main([str(path), "--curve", "ten"])
 
 
+def test_steps_add_up_to_the_replays(tmp_path, capsys):
+    """The steps command's passes are the replay's: they cover the output, and their times
+    and drafts sum to the policy's and the oracle's totals."""
+    prompt = [5, 6, 7, 8, 9, 4, 5, 6, *range(100, 140)]
+    output = [7, 8, 1, 100, 101, 102, *range(103, 130), 2, 3]
+    trace = {"id": "mixed", "category": "edit", "temperature": 0.0, "prompt": prompt, "output": output}
+    cost = simulate.pinned_cost(((1, 10.0), (2, 12.0), (8, 20.0), (64, 80.0)))
+    policy, oracle = simulate.trace_steps(trace, cost)
+    for steps, replayed in ((policy, simulate.replay(prompt, output, Drafter(cost), cost.cost_ms)),
+                            (oracle, simulate.replay_oracle(prompt, output, Drafter(cost), cost.cost_ms))):
+        assert [s.position for s in steps] == list(np.cumsum([0] + [s.accepted + 1 for s in steps[:-1]]))
+        assert sum(s.accepted + 1 for s in steps) == len(output)
+        assert sum(s.ms for s in steps) == pytest.approx(replayed.time_ms)
+        assert (len(steps), sum(s.drafted for s in steps)) == (replayed.passes, replayed.drafted)
+        assert all(s.ms == cost.cost_ms(s.drafted + 1) for s in steps)
+    assert any(s.drafted and s.accepted < s.drafted for s in policy)  # [7, 8] drafted, 8 refused
+    assert all(s.kind == -1 and s.match_length == 0 for s in policy if not s.drafted)
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps([trace]))
+    simulate.main(["steps", str(path), "--id", "mixed", "--curve", "1:10,2:12,8:20,64:80"])
+    out = capsys.readouterr().out
+    assert f"drafter: {len(policy)} passes, {sum(s.ms for s in policy):.0f} ms" in out
+    assert f"oracle: {len(oracle)} passes" in out and "without a draft" in out and "context match" in out
+    with pytest.raises(SystemExit):
+        simulate.main(["steps", str(path), "--id", "nothing"])
+    assert "no trace of that id" in capsys.readouterr().err
+
+
 def test_padding_on_the_command_line(tmp_path, capsys):
     prompt, output = copy_trace()
     path = tmp_path / "traces.json"
