@@ -70,8 +70,11 @@ class Step:
     position: int  # output tokens emitted before it
     drafted: int
     accepted: int
-    match_length: int  # the candidate's (0: no candidate)
-    kind: int  # the candidate's kind (an index into KIND_NAMES; -1: no candidate)
+    # the candidate's match length and kind (an index into KIND_NAMES): for the drafter's passes
+    # those of what it drafted (0 and -1 where it drafted nothing), for the oracle's of its
+    # candidate (0 and -1 where there was none)
+    match_length: int
+    kind: int
     ms: float  # the pass's cost, t(drafted + 1)
 
 
@@ -363,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
         traces = [t for t in traces if float(t.get("temperature", 0.0)) in args.temperature]
     cost = pinned_cost(args.curve, padding=args.padding)
     if args.command == "steps":
+        if args.id is None:
+            parser.error("steps: give the trace to show with --id")
         chosen = [t for t in traces if t.get("id") == args.id]
         if not chosen:
             parser.error(f"--id {args.id!r}: no trace of that id in {args.traces}")

@@ -139,6 +139,9 @@ def test_steps_add_up_to_the_replays(tmp_path, capsys):
     with pytest.raises(SystemExit):
         simulate.main(["steps", str(path), "--id", "nothing"])
     assert "no trace of that id" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        simulate.main(["steps", str(path)])
+    assert "--id" in capsys.readouterr().err
 
 
 def test_padding_on_the_command_line(tmp_path, capsys):
