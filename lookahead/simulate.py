@@ -22,6 +22,7 @@ candidate that the target will accept (when that pays) -- the ceiling of a lengt
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -266,17 +267,26 @@ def with_stops(drafter: Drafter, trace: dict) -> Drafter:
     return drafter
 
 
+def replay_trace(trace: dict, cost: CostModel, make_drafter: Callable[[bool], Drafter],
+                 policy_steps: list[Step] | None = None,
+                 oracle_steps: list[Step] | None = None) -> tuple[Replay, Replay]:
+    """One trace replayed, greedy or sampled as recorded, with a fresh drafter each time
+    (`make_drafter(sampled)`): the policy's replay, then the oracle's; `*_steps` as `replay`'s."""
+    sampled = float(trace.get("temperature", 0.0)) > 0
+    args = (trace["prompt"], trace["output"])
+    refs, cap = trace.get("references", ()), trace.get("max_tokens")
+    r = replay(*args, with_stops(make_drafter(sampled), trace), cost.cost_ms, refs, cap, policy_steps)
+    o = replay_oracle(*args, with_stops(make_drafter(sampled), trace), cost.cost_ms, refs, cap, oracle_steps)
+    return r, o
+
+
 def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool], Drafter],
            verbose: bool = False) -> dict[str, dict[str, float]]:
     """Replay every trace with the policy and the oracle; per category and 'all':
     decode speedup (geomean), worst request, end-to-end estimate, oracle, tokens per pass."""
     rows: dict[str, list[tuple[Replay, Replay]]] = {}
     for t in traces:
-        sampled = float(t.get("temperature", 0.0)) > 0
-        refs = t.get("references", ())
-        cap = t.get("max_tokens")
-        r = replay(t["prompt"], t["output"], with_stops(make_drafter(sampled), t), cost.cost_ms, refs, cap)
-        o = replay_oracle(t["prompt"], t["output"], with_stops(make_drafter(sampled), t), cost.cost_ms, refs, cap)
+        r, o = replay_trace(t, cost, make_drafter)
         if verbose:
             print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} (oracle x{o.speedup:.2f}) "
                   f"e2e x{r.end_to_end:.2f} passes {r.passes} tokens/pass {r.tokens / r.passes:.2f} "
@@ -310,34 +320,25 @@ def format_report(summary: dict[str, dict[str, float]]) -> str:
 
 def trace_steps(trace: dict, cost: CostModel) -> tuple[list[Step], list[Step]]:
     """One trace's passes, greedy or sampled as recorded: the drafter's, then the oracle's."""
-    sampled = float(trace.get("temperature", 0.0)) > 0
     policy: list[Step] = []
     oracle: list[Step] = []
-    args = (trace["prompt"], trace["output"])
-    refs, cap = trace.get("references", ()), trace.get("max_tokens")
-    replay(*args, with_stops(Drafter(cost, sampled=sampled), trace), cost.cost_ms, refs, cap, policy)
-    replay_oracle(*args, with_stops(Drafter(cost, sampled=sampled), trace), cost.cost_ms, refs, cap, oracle)
+    replay_trace(trace, cost, lambda sampled: Drafter(cost, sampled=sampled), policy, oracle)
     return policy, oracle
 
 
 def format_steps(name: str, steps: Sequence[Step]) -> str:
     """One line per pass that drafts, one per run of passes that do not; the total time first."""
     lines = [f"{name}: {len(steps)} passes, {sum(s.ms for s in steps):.0f} ms"]
-    i = 0
-    while i < len(steps):
-        s = steps[i]
-        if s.drafted:
-            kind = KIND_NAMES[s.kind] if 0 <= s.kind < len(KIND_NAMES) else "-"
-            lines.append(f"  @{s.position:<5d} drafted {s.drafted:3d} accepted {s.accepted:3d}  "
-                         f"{kind} match {s.match_length}  {s.ms:.1f} ms")
-            i += 1
-            continue
-        j = i
-        while j < len(steps) and not steps[j].drafted:
-            j += 1
-        lines.append(f"  @{s.position:<5d} {j - i} pass{'es' if j - i > 1 else ''} without a draft  "
-                     f"{sum(x.ms for x in steps[i:j]):.1f} ms")
-        i = j
+    for drafts, run in itertools.groupby(steps, key=lambda s: s.drafted > 0):
+        run = list(run)
+        if drafts:
+            for s in run:
+                kind = KIND_NAMES[s.kind] if 0 <= s.kind < len(KIND_NAMES) else "-"
+                lines.append(f"  @{s.position:<5d} drafted {s.drafted:3d} accepted {s.accepted:3d}  "
+                             f"{kind} match {s.match_length}  {s.ms:.1f} ms")
+        else:
+            lines.append(f"  @{run[0].position:<5d} {len(run)} pass{'es' if len(run) > 1 else ''} without a draft  "
+                         f"{sum(s.ms for s in run):.1f} ms")
     return "\n".join(lines)
 
 
