@@ -15,13 +15,16 @@ TRACES.json: [{"id", "category", "temperature", "max_tokens", "prompt": [ids], "
 "references": [[ids], ...]}, ...], written by samples/examples/record_traces.py.
 
 The report gives, per category: the geometric-mean decode speedup, the worst request, an
-end-to-end estimate that adds the prompt's prefill (costed at t(64) / 64 per token) to both
-sides, and an oracle that drafts, at every step, exactly the tokens of the drafter's own
-candidate that the target will accept (when that pays) -- the ceiling of a length policy.
+end-to-end estimate that adds the prompt's prefill (costed at t(64) / 64 per token, or at
+`--prefill` ms per token) to both sides, and an oracle that drafts, at every step, exactly the
+tokens of the drafter's own candidate that the target will accept (when that pays) -- the
+ceiling of a length policy -- with its decode and end-to-end speedups. The oracle's end to end
+is what no drafting policy can pass while the prompt's prefill costs what it does.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -249,6 +252,16 @@ def _parse_padding(text: str) -> tuple[int, int]:
     return padding
 
 
+def _parse_prefill(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = float("nan")
+    if not (math.isfinite(ms) and ms >= 0):
+        raise argparse.ArgumentTypeError(f"expected ms per prompt token, a number >= 0, got {text!r}")
+    return ms
+
+
 def _geomean(values: Sequence[float]) -> float:
     return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
 
@@ -281,12 +294,15 @@ def replay_trace(trace: dict, cost: CostModel, make_drafter: Callable[[bool], Dr
 
 
 def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool], Drafter],
-           verbose: bool = False) -> dict[str, dict[str, float]]:
+           verbose: bool = False, prefill_ms: float | None = None) -> dict[str, dict[str, float]]:
     """Replay every trace with the policy and the oracle; per category and 'all':
-    decode speedup (geomean), worst request, end-to-end estimate, oracle, tokens per pass."""
+    decode speedup (geomean), worst request, end-to-end estimate, the oracle's decode and end
+    to end, tokens per pass. `prefill_ms`: the prompt's prefill in ms per token (None: t(64)/64)."""
     rows: dict[str, list[tuple[Replay, Replay]]] = {}
     for t in traces:
         r, o = replay_trace(t, cost, make_drafter)
+        if prefill_ms is not None:
+            r, o = (dataclasses.replace(x, prefill_ms=len(t["prompt"]) * prefill_ms) for x in (r, o))
         if verbose:
             print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} (oracle x{o.speedup:.2f}) "
                   f"e2e x{r.end_to_end:.2f} passes {r.passes} tokens/pass {r.tokens / r.passes:.2f} "
@@ -302,6 +318,7 @@ def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool
             "end_to_end": _geomean([r.end_to_end for r, _ in pairs]),
             "worst_end_to_end": min(r.end_to_end for r, _ in pairs),
             "oracle": _geomean([o.speedup for _, o in pairs]),
+            "oracle_end_to_end": _geomean([o.end_to_end for _, o in pairs]),
             "tokens_per_pass": sum(r.tokens for r, _ in pairs) / sum(r.passes for r, _ in pairs),
             "acceptance": (sum(r.accepted for r, _ in pairs) / max(1, sum(r.drafted for r, _ in pairs))),
         }
@@ -310,11 +327,11 @@ def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool
 
 def format_report(summary: dict[str, dict[str, float]]) -> str:
     lines = [f"{'category':12s} {'n':>3s} {'decode':>7s} {'worst':>6s} {'e2e':>6s} {'worst':>6s} "
-             f"{'oracle':>7s} {'tok/pass':>8s} {'accept':>6s}"]
+             f"{'oracle':>7s} {'its e2e':>7s} {'tok/pass':>8s} {'accept':>6s}"]
     for cat, s in summary.items():
         lines.append(f"{cat:12s} {s['n']:3d} {s['speedup']:7.3f} {s['worst']:6.3f} {s['end_to_end']:6.3f} "
-                     f"{s['worst_end_to_end']:6.3f} {s['oracle']:7.3f} {s['tokens_per_pass']:8.2f} "
-                     f"{s['acceptance']:6.1%}")
+                     f"{s['worst_end_to_end']:6.3f} {s['oracle']:7.3f} {s['oracle_end_to_end']:7.3f} "
+                     f"{s['tokens_per_pass']:8.2f} {s['acceptance']:6.1%}")
     return "\n".join(lines)
 
 
@@ -357,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--padding", type=_parse_padding, default=None,
                         help="FROM:MULTIPLE: decodes of FROM or more tokens cost as one padded to a multiple of "
                              "MULTIPLE (the set-up's exact K-quant kernel: 12:16)")
+    parser.add_argument("--prefill", type=_parse_prefill, default=None, metavar="MS",
+                        help="the prompt's prefill in ms per token, for the end-to-end figures "
+                             "(default: t(64)/64 of the curve)")
     parser.add_argument("--temperature", type=float, action="append",
                         help="only traces recorded at this temperature (repeatable)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
@@ -390,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen = [t for t in traces if float(t.get("temperature", 0.0)) == temperature]
         print(f"temperature {temperature}: {len(chosen)} traces, curve {dict(args.curve)}"
               + (f", padding {args.padding[0]}:{args.padding[1]}" if args.padding else ""))
-        print(format_report(report(chosen, cost, lambda sampled: Drafter(cost, sampled=sampled), args.verbose)))
+        print(format_report(report(chosen, cost, lambda sampled: Drafter(cost, sampled=sampled), args.verbose,
+                                   args.prefill)))
 
 
 if __name__ == "__main__":  # pragma: no cover

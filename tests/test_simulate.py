@@ -111,6 +111,35 @@ def test_report_and_command_line(tmp_path, capsys):
     assert summary["open"]["speedup"] == 1.0 and summary["open"]["worst"] == 1.0
     with pytest.raises(SystemExit):
         simulate.main([str(path), "--curve", "ten"])
+    for bad in ("-1", "nan", "fast"):
+        with pytest.raises(SystemExit):
+            simulate.main([str(path), "--prefill", bad])
+
+
+def test_prefill_rate_sets_the_end_to_end_figures(tmp_path, capsys):
+    """`--prefill`: the prompt's prefill at a given ms per token, for the policy's and the
+    oracle's end to end; free prefill leaves the decode figures, a costly one pulls both to 1."""
+    prompt, output = copy_trace()
+    traces = [{"id": "copy", "category": "edit", "temperature": 0.0, "prompt": prompt, "output": output}]
+    cost = simulate.pinned_cost(FLAT)
+
+    def summary(prefill_ms):
+        return simulate.report(traces, cost, lambda sampled: Drafter(cost), prefill_ms=prefill_ms)["edit"]
+
+    free, default, costly = summary(0.0), summary(None), summary(1e6)
+    assert free["end_to_end"] == pytest.approx(free["speedup"])
+    assert free["oracle_end_to_end"] == pytest.approx(free["oracle"])
+    assert free["oracle_end_to_end"] >= free["end_to_end"] > default["end_to_end"] > costly["end_to_end"] > 1.0
+    assert costly["oracle_end_to_end"] == pytest.approx(1.0, abs=1e-3)
+    # the default prices a prompt token at t(64) / 64 of the curve
+    n_prompt = len(prompt)
+    r, _ = simulate.replay_trace(traces[0], cost, lambda sampled: Drafter(cost))
+    assert r.prefill_ms == pytest.approx(n_prompt * cost.cost_ms(64) / 64)
+    assert default["end_to_end"] == pytest.approx(summary(cost.cost_ms(64) / 64)["end_to_end"])
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps(traces))
+    simulate.main([str(path), "--curve", "1:10,64:10", "--prefill", "0"])
+    assert "its e2e" in capsys.readouterr().out
 
 
 def test_steps_add_up_to_the_replays(tmp_path, capsys):
