@@ -305,7 +305,8 @@ def report(traces: Sequence[dict], cost: CostModel, make_drafter: Callable[[bool
             r, o = (dataclasses.replace(x, prefill_ms=len(t["prompt"]) * prefill_ms) for x in (r, o))
         if verbose:
             print(f"{t.get('id', '?'):32s} {t['category']:12s} x{r.speedup:.2f} (oracle x{o.speedup:.2f}) "
-                  f"e2e x{r.end_to_end:.2f} passes {r.passes} tokens/pass {r.tokens / r.passes:.2f} "
+                  f"e2e x{r.end_to_end:.2f} (oracle x{o.end_to_end:.2f}) passes {r.passes} "
+                  f"tokens/pass {r.tokens / r.passes:.2f} "
                   f"acc {r.accepted}/{r.drafted}")
         rows.setdefault(t["category"], []).append((r, o))
     rows["all"] = [x for v in list(rows.values()) for x in v]
