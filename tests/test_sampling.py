@@ -355,3 +355,22 @@ def test_largest_fast_path_equals_a_stable_full_sort(scale, k):
     rng = np.random.default_rng(int(scale * 100) + k)
     logits = np.round(rng.standard_normal(49152) * scale, 1).astype(np.float32)  # many exact ties
     assert _largest(logits, k).tolist() == np.argsort(-logits, kind="stable")[:k].tolist()
+
+
+@pytest.mark.parametrize("shape", ["peaked", "tied-bulk", "masked"])
+def test_largest_on_a_model_like_vocabulary(shape):
+    """A real vocabulary's logits: a few tokens far above a dense bulk (the k-th largest
+    20 logits below the max), a bulk of exact ties, or most of it masked to -inf."""
+    from lookahead.sampling import _largest
+
+    rng = np.random.default_rng(7)
+    logits = np.round(rng.standard_normal(151936), 1).astype(np.float32)
+    if shape == "peaked":
+        logits[rng.choice(logits.size, 5, replace=False)] = [30.0, 28.5, 28.5, 26.0, 25.0]
+    elif shape == "tied-bulk":
+        logits[:] = 0.0
+        logits[rng.choice(logits.size, 30, replace=False)] = 1.0
+    else:
+        logits[rng.random(logits.size) < 0.999] = -np.inf
+    for k in (1, 40, 200):
+        assert _largest(logits, k).tolist() == np.argsort(-logits, kind="stable")[:k].tolist(), k
