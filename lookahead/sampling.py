@@ -205,7 +205,7 @@ def _largest(values: np.ndarray, k: int) -> np.ndarray:
     n = values.size
     if k >= n:
         return np.argsort(-values, kind="stable")
-    if 16 * k < n:
+    if _TOP_K_STRIDE * k < n:  # so that the sample holds more than k values
         # Fast path: the k largest of every 16th value are k values of the whole, so at least
         # k values reach the sample's k-th largest, and the k largest of the whole all do. The
         # exact selection below then runs on those alone: some hundreds of a model's 150k
