@@ -99,3 +99,16 @@ def test_http_errors(http):
     assert_openai_error(post(http, "/v1/embeddings", {"input": "x"}), 404, says="/v1/embeddings")
     assert_openai_error(http.get("/v1/chat/completions"), 405)
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_fields_with_nothing_to_do_here_are_accepted(http):
+    # OpenAI's and editors' labels and routing hints: a local model has no use for them, and
+    # refusing them would break clients that always send them
+    extra = {"user": "u-1", "metadata": {"task": "edit"}, "store": False, "service_tier": "auto",
+             "environment": {"os": "linux"}}
+    r = post(http, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2, **extra})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
+    # a field that would change the answer is still refused, extras or not
+    assert_openai_error(post(http, "/v1/chat/completions", {"messages": HELLO, "logit_bias": {"1": 5}, **extra}),
+                        400, param="logit_bias")
