@@ -35,9 +35,15 @@ def ggml():
 
 
 def load_ggml(lib):
-    """ggml's base and CPU libraries in folder `lib`, with the C signatures used here."""
-    base = ctypes.CDLL(str(lib / "libggml-base.so"))
-    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
+    """ggml's base and CPU libraries in folder `lib`, with the C signatures used here: the files
+    llama_cpp loads (by their sonames), so that both share one instance of each library, as
+    llama.cpp's own calls do (a second copy would keep state of its own)."""
+    def named(stem: str) -> str:
+        versioned = lib / f"{stem}.so.0"
+        return str(versioned if versioned.exists() else lib / f"{stem}.so")
+
+    base = ctypes.CDLL(named("libggml-base"))
+    cpu = ctypes.CDLL(named("libggml-cpu"))
     p = ctypes.c_void_p
     base.ggml_init.argtypes, base.ggml_init.restype = [_InitParams], p
     base.ggml_free.argtypes, base.ggml_free.restype = [p], None
@@ -170,6 +176,29 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
+# With AVX-512 VNNI, small batches (2 to 16 columns) of Q4_K and Q6_K weights run from a copy of
+# the weights packed at their first such product and found again by the weights' address
+# (ggml-weights-packed-small-batches.patch): freeing the memory must drop the copy, or the next
+# weights at that address would be multiplied as the old ones were. Each round quantizes other
+# weights into a fresh context, whose memory the allocator tends to give the same address.
+@pytest.mark.parametrize("wtype", [GGML_K_QUANTS["Q4_K"], GGML_K_QUANTS["Q6_K"]], ids=["Q4_K", "Q6_K"])
+def test_small_batches_follow_new_weights_at_a_freed_address(ggml, wtype):
+    if not health.exact_batches_requested():
+        pytest.skip(f"{health.EXACT_BATCHES_ENV}=0: llama.cpp's stock K-quant kernels are not exact")
+    if health.K_QUANT_EXACT not in health.build_patches():
+        pytest.skip("this build lacks lookahead's K-quant patch (scripts/setup.sh applies it)")
+    rng = np.random.default_rng(wtype)
+    m, k = 64, 512
+    for round_ in range(4):
+        weights = rng.normal(0.01, 0.05, size=(m, k))
+        xs = rng.normal(0, 1, size=(4, k))
+        raw, batched, single = _products(ggml, wtype, weights, xs)
+        differ = np.flatnonzero((batched != single).any(axis=1))
+        assert differ.size == 0, f"round {round_}: columns {differ.tolist()} differ from one-column products"
+        exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
+        assert np.abs(batched - exact).max() < 0.02 * np.abs(exact).max(), f"round {round_}: off the true product"
+
+
 # ggml's tiled kernel takes batches of 8 or more rows of these formats (in exact mode every
 # batch, and Q4_K, Q5_K and Q6_K below 12 rows take lookahead's small-batch kernel instead);
 # the set-up's AVX2 microtile (adapters/patches/ggml-tiled-same-results.patch) rearranges its
@@ -276,13 +305,17 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
 
 
 def test_setup_compiled_in_the_speed_patches():
-    """On x86 with AVX2 the set-up's build also holds the two patches that change no result
-    (the Q8_K quantizer, the tiled microtile): a build without them is slower, not wrong."""
+    """On x86 with AVX2 the set-up's build also holds the patches that change no result (the
+    Q8_K quantizer, the tiled microtile, and with AVX-512 VNNI the packed small batches): a
+    build without them is slower, not wrong."""
     if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if health.system_info().get("AVX2") != "1":
         pytest.skip("both are for x86 with AVX2")
-    missing = {health.Q8_K_QUANTIZER, health.TILED_SAME_RESULTS} - set(health.build_patches())
+    wanted = {health.Q8_K_QUANTIZER, health.TILED_SAME_RESULTS}
+    if health.system_info().get("AVX512_VNNI") == "1":
+        wanted.add(health.PACKED_WEIGHTS)  # its kernel needs AVX-512 VNNI
+    missing = wanted - set(health.build_patches())
     assert not missing, f"llama-cpp-python was built without {sorted(missing)}: run scripts/setup.sh"
 
 
