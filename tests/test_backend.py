@@ -97,6 +97,23 @@ def test_exact_batches_make_batched_rows_one_token_rows(model_path):
     assert result.parity["max_logit_diff"] == 0.0
 
 
+@pytest.mark.model
+def test_prepare_leaves_the_kv_cache_and_the_llama_as_they_were(fresh):
+    """`prepare` decodes 2 tokens after the cache's contents (where the build packs weights for
+    small batches) and removes them: the Llama and its cache hold what they held."""
+    import llama_cpp
+    from lookahead.adapters.llama_cpp import LlamaCppTarget
+
+    fresh.eval(fresh.tokenize(b"The quick brown fox jumps"))
+    n, last = fresh.n_tokens, list(fresh.input_ids[: fresh.n_tokens])
+    target = LlamaCppTarget(fresh, threads="keep")
+    ms = target.prepare()
+    assert ms >= 0.0
+    assert fresh.n_tokens == n and list(fresh.input_ids[:n]) == last
+    assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(fresh._ctx.ctx), 0) == n - 1
+    assert target.prepare() == ms  # once per target
+
+
 class _RowsTarget:
     """Logits rows as a function of (position, token); batched rows after the first can be
     shifted, as llamafile's kernels shift them. Holds a KV length and checks rollbacks."""

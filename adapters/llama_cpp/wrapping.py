@@ -30,10 +30,16 @@ def wrap(llm: "llama_cpp.Llama", speculate: bool = True, max_draft: int = 64, ca
     `n_threads_batch` once and keeps the faster (llama-cpp-python's default is half the CPUs,
     slow where they are not SMT siblings); "keep" uses the Llama's own; an int that many.
     Outputs do not depend on it; the Llama's settings are restored after each request.
+
+    With `speculate`, the backend's one-off work for batched decodes is done here, not in the
+    first request (`LlamaCppTarget.prepare`: in the set-up's build on a CPU with AVX-512 VNNI,
+    a packed copy of the Q4_K and Q6_K weights, about a second for the default model).
     """
     if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
         raise ValueError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
     target = LlamaCppTarget(llm, threads=threads)
+    if speculate:
+        target.prepare()  # the backend's one-off work for batches, here rather than in a request
     state = state_of(llm)
     if prefix_cache_mb > 0:
         if state.prefix_states is None:
