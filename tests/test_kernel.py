@@ -56,6 +56,11 @@ def load_ggml(lib):
     base.ggml_nbytes.argtypes, base.ggml_nbytes.restype = [p], ctypes.c_size_t
     base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p]
     base.ggml_quantize_chunk.restype = ctypes.c_size_t
+    base.ggml_backend_cpu_buffer_from_ptr.argtypes = [p, ctypes.c_size_t]
+    base.ggml_backend_cpu_buffer_from_ptr.restype = p
+    base.ggml_backend_buffer_set_usage.argtypes, base.ggml_backend_buffer_set_usage.restype = [p, ctypes.c_int], None
+    base.ggml_backend_tensor_alloc.argtypes, base.ggml_backend_tensor_alloc.restype = [p, p, p], ctypes.c_int
+    base.ggml_backend_buffer_free.argtypes, base.ggml_backend_buffer_free.restype = [p], None
     cpu.ggml_graph_compute_with_ctx.argtypes, cpu.ggml_graph_compute_with_ctx.restype = [p, p, ctypes.c_int], ctypes.c_int
     if hasattr(cpu, "ggml_cpu_init"):
         cpu.ggml_cpu_init.argtypes, cpu.ggml_cpu_init.restype = [], None
@@ -63,17 +68,36 @@ def load_ggml(lib):
     return base, cpu
 
 
-def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: int = 2):
-    """(quantized weight bytes, W·X for all columns at once, W·x for each column alone)."""
+GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 1
+
+
+def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: int = 2,
+              memory: np.ndarray | None = None):
+    """(quantized weight bytes, W·X for all columns at once, W·x for each column alone).
+
+    The weights lie as a model's do: in a CPU buffer over memory of the caller's (as over a
+    mapped file; `memory`, bytes, else a fresh array), marked as holding weights, and freed
+    through ggml_backend_buffer_free."""
     base, cpu = ggml
     m, k = weights.shape
     ctx = base.ggml_init(_InitParams(256 << 20, None, False))
     assert ctx, "ggml_init failed"
+    wctx = base.ggml_init(_InitParams(1 << 16, None, True))  # the weights' tensor, its data elsewhere
+    assert wctx, "ggml_init failed"
+    buffer = None
     try:
-        w = base.ggml_new_tensor_2d(ctx, wtype, k, m)
+        w = base.ggml_new_tensor_2d(wctx, wtype, k, m)
+        size = base.ggml_nbytes(w)
+        if memory is None:
+            memory = np.zeros(size + 64, dtype=np.uint8)
+        assert memory.nbytes >= size + 64
+        addr = (memory.ctypes.data + 63) // 64 * 64
+        buffer = base.ggml_backend_cpu_buffer_from_ptr(addr, size)
+        base.ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        assert base.ggml_backend_tensor_alloc(buffer, w, addr) == 0
         wf = np.ascontiguousarray(weights, dtype=np.float32)
         base.ggml_quantize_chunk(wtype, wf.ctypes.data, base.ggml_get_data(w), 0, m, k, None)
-        w_bytes = ctypes.string_at(base.ggml_get_data(w), base.ggml_nbytes(w))
+        w_bytes = ctypes.string_at(base.ggml_get_data(w), size)
 
         def product(cols: np.ndarray) -> np.ndarray:
             cols = np.ascontiguousarray(cols, dtype=np.float32)
@@ -89,6 +113,9 @@ def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: in
 
         return w_bytes, product(xs), np.stack([product(xs[j : j + 1])[0] for j in range(len(xs))])
     finally:
+        if buffer is not None:
+            base.ggml_backend_buffer_free(buffer)
+        base.ggml_free(wctx)
         base.ggml_free(ctx)
 
 
@@ -178,9 +205,10 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
 
 # With AVX-512 VNNI, small batches (2 to 16 columns) of Q4_K and Q6_K weights run from a copy of
 # the weights packed at their first such product and found again by the weights' address
-# (ggml-weights-packed-small-batches.patch): freeing the memory must drop the copy, or the next
-# weights at that address would be multiplied as the old ones were. Each round quantizes other
-# weights into a fresh context, whose memory the allocator tends to give the same address.
+# (ggml-weights-packed-small-batches.patch): freeing their buffer must drop the copy, or the
+# next weights at that address would be multiplied as the old ones were. Each round quantizes
+# other weights into a new buffer over the same memory, as a model loaded again from another
+# file may land where the last one was mapped.
 @pytest.mark.parametrize("wtype", [GGML_K_QUANTS["Q4_K"], GGML_K_QUANTS["Q6_K"]], ids=["Q4_K", "Q6_K"])
 def test_small_batches_follow_new_weights_at_a_freed_address(ggml, wtype):
     if not health.exact_batches_requested():
@@ -189,10 +217,11 @@ def test_small_batches_follow_new_weights_at_a_freed_address(ggml, wtype):
         pytest.skip("this build lacks lookahead's K-quant patch (scripts/setup.sh applies it)")
     rng = np.random.default_rng(wtype)
     m, k = 64, 512
+    memory = np.zeros(m * k + 64, dtype=np.uint8)  # more than either format's m x k weights take
     for round_ in range(4):
         weights = rng.normal(0.01, 0.05, size=(m, k))
         xs = rng.normal(0, 1, size=(4, k))
-        raw, batched, single = _products(ggml, wtype, weights, xs)
+        raw, batched, single = _products(ggml, wtype, weights, xs, memory=memory)
         differ = np.flatnonzero((batched != single).any(axis=1))
         assert differ.size == 0, f"round {round_}: columns {differ.tolist()} differ from one-column products"
         exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
