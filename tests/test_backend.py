@@ -100,18 +100,25 @@ def test_exact_batches_make_batched_rows_one_token_rows(model_path):
 @pytest.mark.model
 def test_prepare_leaves_the_kv_cache_and_the_llama_as_they_were(fresh):
     """`prepare` decodes 2 tokens after the cache's contents (where the build packs weights for
-    small batches) and removes them: the Llama and its cache hold what they held."""
+    small batches) and removes them: the Llama and its cache hold what they held, and the
+    Llama's own next completion is the one it would have given."""
     import llama_cpp
-    from lookahead.adapters.llama_cpp import LlamaCppTarget
+    from lookahead.adapters.llama_cpp import LlamaCppTarget, clear_kv_cache
 
-    fresh.eval(fresh.tokenize(b"The quick brown fox jumps"))
-    n, last = fresh.n_tokens, list(fresh.input_ids[: fresh.n_tokens])
+    prompt = "The quick brown fox jumps"
+    want = fresh.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    clear_kv_cache(fresh)
+    fresh.eval(fresh.tokenize(prompt.encode()))  # the prompt exactly: the Llama may sample at once
+    n, held = fresh.n_tokens, list(fresh.input_ids[: fresh.n_tokens])
     target = LlamaCppTarget(fresh, threads="keep")
     ms = target.prepare()
     assert ms >= 0.0
-    assert fresh.n_tokens == n and list(fresh.input_ids[:n]) == last
+    assert fresh.n_tokens == n and list(fresh.input_ids[:n]) == held
     assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(fresh._ctx.ctx), 0) == n - 1
     assert target.prepare() == ms  # once per target
+    # the context's last logits are the dummy tokens' now: the next call must not sample them
+    got = fresh.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    assert got == want
 
 
 class _RowsTarget:

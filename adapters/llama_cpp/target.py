@@ -399,6 +399,7 @@ class LlamaCppTarget:
         base = int(self.llm.n_tokens)
         if base + 2 > self.n_ctx or self.max_batch < 2:
             return 0.0
+        llm = self.llm
         n_past = self.n_past
         self.n_past = base
         t0 = time.perf_counter()
@@ -408,8 +409,14 @@ class LlamaCppTarget:
                 return 0.0  # the first request's batches prepare it instead
             self._lib.llama_get_logits(self._ctx)  # waits for the decode
         finally:
-            self.rollback(base)
+            if not self._lib.llama_memory_seq_rm(self._memory, -1, base, -1):
+                # a memory that cannot drop a tail (recurrent state): start the Llama afresh
+                self._lib.llama_memory_clear(self._memory, True)
+                llm.n_tokens = 0
             self.n_past = n_past
+            if hasattr(llm, "_requires_eval"):
+                # the context's logits are the dummy tokens': the Llama must not sample from them
+                llm._requires_eval = True
         self.prepared_ms = 1000 * (time.perf_counter() - t0)
         return self.prepared_ms
 
