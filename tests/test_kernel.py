@@ -182,7 +182,9 @@ GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-t
 # from 13 columns: ggml's row chunks of 578 and 3 rows leave rows over at four, 18 rows (two
 # chunks of 9) at two as well, and 18 x 25600 does so past the 64 blocks it prepares at once),
 # 12 (17 there) and more ggml's tiled one: every column must come out the same either way,
-# with 1 or 2 threads.
+# with 1 or 2 threads. With AVX-512 VNNI, 2 to 16 columns of Q4_K and Q6_K weights whose rows
+# come in groups of 16 (1536, 64 and 16 rows here) take the packed copy's loop instead, and the
+# others (578, 18, 3 rows) the loops above.
 @pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
 @pytest.mark.parametrize("m,k", [(1536, 1536), (64, 8960), (16, 25600), (18, 25600), (578, 512), (3, 256)])
 def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
@@ -340,7 +342,7 @@ def test_setup_compiled_in_the_speed_patches():
     if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if health.system_info().get("AVX2") != "1":
-        pytest.skip("both are for x86 with AVX2")
+        pytest.skip("they are for x86 with AVX2")
     wanted = {health.Q8_K_QUANTIZER, health.TILED_SAME_RESULTS}
     if health.system_info().get("AVX512_VNNI") == "1":
         wanted.add(health.PACKED_WEIGHTS)  # its kernel needs AVX-512 VNNI
