@@ -114,7 +114,7 @@ def test_prepare_leaves_the_kv_cache_and_the_llama_as_they_were(fresh):
     ms = target.prepare()
     assert ms >= 0.0
     assert fresh.n_tokens == n and list(fresh.input_ids[:n]) == held
-    assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(fresh._ctx.ctx), 0) == n - 1
+    assert llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(fresh.ctx), 0) == n - 1
     assert target.prepare() == ms  # once per target
     # the context's last logits are the dummy tokens' now: the next call must not sample them
     got = fresh.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"]

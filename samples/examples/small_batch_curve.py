@@ -34,7 +34,7 @@ def main() -> None:
                           n_threads_batch=args.threads, flash_attn=True, logits_all=True, verbose=False)
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     tokens = llm.tokenize(text.encode())[: 300 + max(sizes)]
-    memory = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    memory = llama_cpp.llama_get_memory(llm.ctx)
     llm.eval(tokens[:300])
 
     def timed(n: int) -> float:
