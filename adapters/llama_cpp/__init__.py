@@ -11,8 +11,9 @@ It drives the context of an existing `llama_cpp.Llama` directly:
 * the thread count of one-token decodes is measured, not assumed, and the Llama's settings
   are restored after each request.
 
-Modules: `wrapping` (wrap, load, enable_tree_drafts), `target` (LlamaCppTarget), `threads`
-(decode threads and contention), `prefix_states` (saved prompt prefixes, clear_kv_cache,
+Modules: `wrapping` (wrap, load, enable_tree_drafts), `target` (LlamaCppTarget), `one_off`
+(its one-off work: prepare, tune, calibrate), `threads` (decode threads and contention),
+`prefix_states` (saved prompt prefixes, clear_kv_cache,
 prompt_cache_off), `chat` (chat completions), `state` (what is kept per Llama: LlamaState,
 state_of, the measurement cache), `rpc` (llama.cpp RPC servers, registered before a model
 loads), `backend` (the lazy import of llama_cpp: importing this

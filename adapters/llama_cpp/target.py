@@ -1,5 +1,6 @@
 """`LlamaCppTarget`: the engine's Target over a `llama_cpp.Llama`, driving its context through
-llama-cpp-python's low-level API (prefill, decode, tree decode, rollback, calibration)."""
+llama-cpp-python's low-level API (prefill, decode, tree decode, rollback; its one-off work,
+preparation and calibration, in `one_off`)."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ from lookahead.sequences import agreeing_prefix
 from .. import exact, health
 from .backend import lib
 from .chat import chat_completion
+from .one_off import OneOffWork
 from . import rpc
 from .prefix_states import PrefixStates, prompt_cache_off
 from .state import Measurements, state_of
@@ -23,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_TREE_WIDTH = 8  # branches of one tree draft, at most (= sequence ids used)
 
 
-class LlamaCppTarget:
+class LlamaCppTarget(OneOffWork):
     """A `lookahead.engine.Target` over a `llama_cpp.Llama`.
 
     `threads`: threads for one-token decodes. "auto" (default) measures the Llama's own
@@ -62,7 +64,6 @@ class LlamaCppTarget:
         self._threads = DecodeThreads(llm, self._ctx, threads, self.measurements, llama)
         self._saved_observations = 0  # the cost curve's observation count when last saved
         self._exactness = exact.of_llama(llm)
-        self.prepared_ms: float | None = None  # `prepare`'s time, once it ran
         # a layer on an RPC server that goes away: an error, never a token from zeroed logits
         self._rpc = rpc.LossWatch() if rpc.registered() else None
 
@@ -382,86 +383,3 @@ class LlamaCppTarget:
             raise RuntimeError(f"llama_decode failed with code {rc} (position {self.n_past}, context {self.n_ctx})")
         if threads > 1:
             self._threads.watch(time.perf_counter() - t0, time.process_time() - c0, threads, n_tokens, self.n_past)
-
-    # ---- one-off work, outside requests ------------------------------------------------
-    def prepare(self) -> float:
-        """Have the backend make its one-off preparation for batched decodes now, not in a
-        request: in the exact mode with AVX-512 VNNI the set-up's build packs a copy of the
-        Q4_K and Q6_K weights for small batches at their first product of 2 to 16 tokens
-        (ggml-weights-packed-small-batches.patch; about 1 s and 1 GB of memory for the default
-        model on 2 vCPUs). One decode of 2 tokens with their logits after what the KV cache
-        holds, removed again. Returns its ms, 0.0 where nothing needs it or there is no room."""
-        if self.prepared_ms is not None:
-            return self.prepared_ms
-        self.prepared_ms = 0.0
-        if not self.batch_exact or health.PACKED_WEIGHTS not in health.build_patches():
-            return 0.0
-        base = int(self.llm.n_tokens)
-        if base + 2 > self.n_ctx or self.max_batch < 2:
-            return 0.0
-        llm = self.llm
-        n_past = self.n_past
-        self.n_past = base
-        t0 = time.perf_counter()
-        try:
-            self._fill([97 % self.n_vocab, 98 % self.n_vocab], 2)  # content does not matter
-            if self._lib.llama_decode(self._ctx, self._batch) != 0:
-                return 0.0  # the first request's batches prepare it instead
-            self._lib.llama_get_logits(self._ctx)  # waits for the decode
-        finally:
-            if not self._lib.llama_memory_seq_rm(self._memory, -1, base, -1):
-                # a memory that cannot drop a tail (recurrent state): start the Llama afresh
-                self._lib.llama_memory_clear(self._memory, True)
-                llm.n_tokens = 0
-            self.n_past = n_past
-            if hasattr(llm, "_requires_eval"):
-                # the context's logits are the dummy tokens': the Llama must not sample from them
-                llm._requires_eval = True
-        self.prepared_ms = 1000 * (time.perf_counter() - t0)
-        return self.prepared_ms
-
-    # ---- one-off measurements ------------------------------------------------------
-    def tune(self, reps: int = 5) -> dict[int, float]:
-        """Choose the thread count of one-token decodes by timing them (DecodeThreads.tune):
-        {threads: median ms}, empty when nothing was measured."""
-        base = self.n_past
-
-        def one_decode_ms() -> float:
-            t0 = time.perf_counter()
-            self.decode([97 % self.n_vocab], 1)  # a dummy token, rolled back
-            ms = 1000 * (time.perf_counter() - t0)
-            self.rollback(base)
-            return ms
-
-        return self._threads.tune(one_decode_ms, fits=base + 1 <= self.n_ctx, reps=reps)
-
-    def calibrate(self, sizes: Sequence[int], reps: int = 1) -> dict[int, float]:
-        """Time decodes of each size at the current position, rolled back: {n: median ms}.
-
-        Call it with a real context in the KV cache: attention makes a decode at position
-        600 markedly dearer than the same decode at position 0. The sizes are timed in turn,
-        `reps` rounds, and the median kept. One round by default: it runs inside a user's
-        request (the default model on 2 vCPUs: 0.5 s, where three rounds took 1.4 s), and
-        an unlucky timing does not last: the curve goes on learning from every real decode,
-        and a restored curve's shape is checked against them (CostModel).
-        """
-        base = self.n_past
-        sizes = [n for n in sizes if n <= self.max_batch and base + n <= self.n_ctx]
-        times: dict[int, list[float]] = {n: [] for n in sizes}
-        for _ in range(max(1, reps)):
-            for n in sizes:
-                tokens = [(97 + i) % self.n_vocab for i in range(n)]  # content does not change the cost
-                t0 = time.perf_counter()
-                self.decode(tokens, n)
-                times[n].append(1000 * (time.perf_counter() - t0))
-                self.rollback(base)
-        out = {n: float(np.median(v)) for n, v in times.items()}
-        if out:
-            self._remember_curve({str(n): round(ms, 3) for n, ms in out.items()})
-        return out
-
-    def _remember_curve(self, verify_ms: dict[str, float]) -> None:
-        """Keep a verify-cost curve for later processes, with the thread count its one-token
-        decodes ran with: the cache key holds the Llama's own `n_threads`, but a wrapper may
-        decode single tokens with another count (`threads`), 1.5x apart on 2 cores."""
-        self.measurements.remember(verify_ms=verify_ms, verify_threads=self._threads.current)
