@@ -182,9 +182,10 @@ GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-t
 # from 13 columns: ggml's row chunks of 578 and 3 rows leave rows over at four, 18 rows (two
 # chunks of 9) at two as well, and 18 x 25600 does so past the 64 blocks it prepares at once),
 # 12 (17 there) and more ggml's tiled one: every column must come out the same either way,
-# with 1 or 2 threads. With AVX-512 VNNI, 2 to 16 columns of Q4_K and Q6_K weights whose rows
-# come in groups of 16 (1536, 64 and 16 rows here) take the packed copy's loop instead, and the
-# others (578, 18, 3 rows) the loops above.
+# with 1 or 2 threads. With AVX-512 VNNI, every batch of 2 or more columns of Q4_K and Q6_K
+# weights whose rows come in groups of 16 (1536, 64 and 16 rows here) takes the packed copy's
+# loop instead, in passes of up to 6 (Q4_K) or 7 (Q6_K) columns (24 and 100 columns: passes of
+# two sizes), and the others (578, 18, 3 rows) the loops above.
 @pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
 @pytest.mark.parametrize("m,k", [(1536, 1536), (64, 8960), (16, 25600), (18, 25600), (578, 512), (3, 256)])
 def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
@@ -194,7 +195,7 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         pytest.skip("this build lacks lookahead's K-quant patch (scripts/setup.sh applies it)")
     rng = np.random.default_rng(m * 11 + k + wtype)
     weights = rng.normal(0.01, 0.05, size=(m, k))
-    for n in (*range(1, 18), 64):
+    for n in (*range(1, 18), 24, 64, 100):
         xs = rng.normal(0, 1, size=(n, k))
         for threads in (1, 2):
             raw, batched, single = _products(ggml, wtype, weights, xs, threads=threads)
@@ -205,7 +206,7 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
-# With AVX-512 VNNI, small batches (2 to 16 columns) of Q4_K and Q6_K weights run from a copy of
+# With AVX-512 VNNI, batches (2 or more columns) of Q4_K and Q6_K weights run from a copy of
 # the weights packed at their first such product and found again by the weights' address
 # (ggml-weights-packed-small-batches.patch): freeing their buffer must drop the copy, or the
 # next weights at that address would be multiplied as the old ones were. Each round quantizes
@@ -337,7 +338,7 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
 
 def test_setup_compiled_in_the_speed_patches():
     """On x86 with AVX2 the set-up's build also holds the patches that change no result (the
-    Q8_K quantizer, the tiled microtile, and with AVX-512 VNNI the packed small batches): a
+    Q8_K quantizer, the tiled microtile, and with AVX-512 VNNI the packed batches): a
     build without them is slower, not wrong."""
     if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
