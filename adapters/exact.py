@@ -113,7 +113,9 @@ def of_llama(llm) -> Exactness:
 K_QUANT_PADDING = (12, 16)
 # Built with AVX-512 VNNI, it takes up to 16 columns of Q4_K and Q6_K weights without padding
 # (lanes as columns, ggml-tiled-same-results.patch): there t(12) = 0.77 t(16), t(16) = 0.61 t(17).
-# Q5_K weights keep the tiles from 12 columns.
+# Q5_K weights keep the tiles from 12 columns. With the packed copy of the weights
+# (ggml-weights-packed-small-batches.patch, unless LOOKAHEAD_PACK_WEIGHTS=0) every batch of Q4_K
+# and Q6_K weights goes without padding: t(24) 192-205 ms, t(32) 260-281.
 K_QUANT_PADDING_VNNI = (17, 16)
 # llama_ftype ids (llama.h) of files whose weights are nearly all Q4_K, Q5_K or Q6_K:
 # Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K.
@@ -124,18 +126,30 @@ _Q4_K_Q6_K_FILE_TYPES = frozenset({15, 18})
 
 
 def batch_padding(exactness: Exactness, file_type: str | int | None,
-                  avx512_vnni: bool = False) -> tuple[int, int] | None:
+                  avx512_vnni: bool = False, packed: bool = False) -> tuple[int, int] | None:
     """How the batches of a model with this `general.file_type` are padded (from_n, multiple),
     or None when their cost has no such steps or they are not known (the stock kernels).
     `avx512_vnni`: the build's CPU backend has AVX-512 VNNI (health.system_info(); the kernel
-    also needs AVX-512 VL, which every CPU with VNNI has)."""
+    also needs AVX-512 VL, which every CPU with VNNI has). `packed`: the build packs Q4_K and
+    Q6_K weights for batches, and packing is on (`packing_on()`)."""
     try:
         ftype = int(file_type) if file_type is not None else None
     except ValueError:
         return None
     if exactness.exact and ftype in _K_QUANT_FILE_TYPES:
-        return K_QUANT_PADDING_VNNI if avx512_vnni and ftype in _Q4_K_Q6_K_FILE_TYPES else K_QUANT_PADDING
+        if avx512_vnni and ftype in _Q4_K_Q6_K_FILE_TYPES:
+            return None if packed else K_QUANT_PADDING_VNNI
+        return K_QUANT_PADDING
     return None
+
+
+PACK_ENV = "LOOKAHEAD_PACK_WEIGHTS"
+
+
+def packing_on() -> bool:
+    """The set-up's build packs Q4_K and Q6_K weights for batches unless LOOKAHEAD_PACK_WEIGHTS=0
+    (which it reads at every product)."""
+    return os.environ.get(PACK_ENV) != "0"
 
 
 def _gpu_build() -> bool:

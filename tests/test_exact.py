@@ -88,6 +88,26 @@ def test_with_avx512_vnni_up_to_16_columns_of_q4_k_and_q6_k_are_not_padded(file_
     assert exact.batch_padding(exact.Exactness(False, "--no-exact"), file_type, avx512_vnni=True) is None
 
 
+@pytest.mark.parametrize("file_type, padding", [
+    ("15", None),  # Q4_K_M: every batch from the packed copy of its Q4_K and Q6_K weights
+    (18, None),  # Q6_K
+    ("17", (12, 16)),  # Q5_K_M: Q5_K weights are not packed
+    ("14", (12, 16)),  # Q4_K_S
+])
+def test_with_packed_weights_no_batch_of_q4_k_and_q6_k_is_padded(file_type, padding):
+    assert exact.batch_padding(exact.Exactness(True), file_type, avx512_vnni=True, packed=True) == padding
+    assert exact.batch_padding(exact.Exactness(False, "--no-exact"), file_type, avx512_vnni=True, packed=True) is None
+
+
+def test_packing_is_on_unless_the_environment_turns_it_off(monkeypatch):
+    monkeypatch.delenv(exact.PACK_ENV, raising=False)
+    assert exact.packing_on()
+    monkeypatch.setenv(exact.PACK_ENV, "0")
+    assert not exact.packing_on()
+    monkeypatch.setenv(exact.PACK_ENV, "1")
+    assert exact.packing_on()
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda m: m.setenv(exact.ENV, "0"), "--no-exact"),
     (lambda m: m.setattr(exact, "_IN_FORCE_FROM_START", False), "import lookahead first"),

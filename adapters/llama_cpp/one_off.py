@@ -25,7 +25,7 @@ class OneOffWork:
     def prepare(self) -> float:
         """Have the backend make its one-off preparation for batched decodes now, not in a
         request: in the exact mode with AVX-512 VNNI the set-up's build packs a copy of the
-        Q4_K and Q6_K weights for small batches at their first product of 2 to 16 tokens
+        Q4_K and Q6_K weights for batches at their first product of 2 or more tokens
         (ggml-weights-packed-small-batches.patch; about 1 s and 1 GB of memory for the default
         model on 2 vCPUs). One decode of 2 tokens with their logits after what the KV cache
         holds, removed again. Returns its ms, 0.0 where nothing needs it or there is no room."""

@@ -111,7 +111,8 @@ class LlamaCppTarget(OneOffWork):
     def batch_padding(self) -> tuple[int, int] | None:
         """How this build pads batches (lookahead.engine.PaddedTarget; adapters.exact)."""
         return exact.batch_padding(self._exactness, self.llm.metadata.get("general.file_type"),
-                                   health.system_info().get("AVX512_VNNI") == "1")
+                                   health.system_info().get("AVX512_VNNI") == "1",
+                                   packed=exact.packing_on() and health.PACKED_WEIGHTS in health.build_patches())
 
     @property
     def penalty_last_n(self) -> int:
