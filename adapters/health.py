@@ -90,7 +90,7 @@ PACKED_WEIGHTS = "packed batches"
 PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_rows",
                  RPC_LOST: b"ggml_backend_rpc_lost", FLASH_ATTN_EXACT: b"la_exact_flash_attn",
                  Q8_K_QUANTIZER: b"la_quantize_row_q8_K_avx2", TILED_SAME_RESULTS: b"la_tiled_same_results",
-                 PACKED_WEIGHTS: b"la_packed_pass"}
+                 PACKED_WEIGHTS: b"la_packed_batches"}
 PATCH_LIBRARIES = {RPC_LOST: "libggml-rpc*"}  # the others: "libggml-cpu*"
 EXACT_PATCHES = (Q4_1_KERNEL, K_QUANT_EXACT)  # what exact batches need (lookahead.adapters.exact)
 

@@ -12,7 +12,7 @@
 # (adapters/patches: a batch kernel for Q4_1 weights, the exact mode that makes batched
 # rows equal one-token rows, K-quants and flash attention included, a vectorised Q8_K
 # activation quantizer that writes the scalar one's bytes, a faster tiled K-quant kernel
-# with the same results, small batches of Q4_K and Q6_K weights from a packed copy with the
+# with the same results, batches of Q4_K and Q6_K weights from a packed copy with the
 # same results (AVX-512 VNNI), and an RPC server lost mid-request reported as an error
 # instead of an abort);
 # LOOKAHEAD_NO_PATCHES=1 builds the stock source. llama.cpp's RPC backend is built in, and
