@@ -18,9 +18,8 @@ from pathlib import Path
 
 import lookahead  # noqa: F401  (first: it turns the exact mode on before llama_cpp loads a model)
 import llama_cpp
+from lookahead.adapters.exact import PACK_ENV as PACK
 from lookahead.models import default_model_path
-
-PACK = "LOOKAHEAD_PACK_WEIGHTS"
 
 
 def main() -> None:
