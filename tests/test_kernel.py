@@ -186,7 +186,9 @@ GGML_OTHER_FORMATS = {"F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7}  # ggml's one-t
 # weights whose rows come in groups of 16 (1536, 64 and 16 rows here) takes the packed copy's
 # loop instead, in passes of up to 6 (Q4_K) or 7 (Q6_K) columns (from 7 columns, passes of two
 # sizes where they do not divide evenly: 100 columns against 1536 rows take 17 passes of 6 and
-# 5), and the others (578, 18, 3 rows) the loops above.
+# 5; Q6_K passes of up to 4 columns take unsigned codes, wider ones signed codes against the
+# activations + 128, and 9 columns go as one pass of each), and the others (578, 18, 3 rows)
+# the loops above.
 @pytest.mark.parametrize("wtype", list(GGML_K_QUANTS.values()), ids=list(GGML_K_QUANTS))
 @pytest.mark.parametrize("m,k", [(1536, 1536), (64, 8960), (16, 25600), (18, 25600), (578, 512), (3, 256)])
 def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
