@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -341,13 +342,15 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
 
 def test_setup_compiled_in_the_speed_patches():
     """On x86 with AVX2 the set-up's build also holds the patches that change no result (the
-    Q8_K quantizer, the tiled microtile, and with AVX-512 VNNI the packed batches): a
-    build without them is slower, not wrong."""
+    Q8_K quantizer, the tiled microtile, on Linux the huge-page buffers, and with AVX-512 VNNI
+    the packed batches): a build without them is slower, not wrong."""
     if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if health.system_info().get("AVX2") != "1":
         pytest.skip("they are for x86 with AVX2")
     wanted = {health.Q8_K_QUANTIZER, health.TILED_SAME_RESULTS}
+    if sys.platform.startswith("linux"):
+        wanted.add(health.HUGE_PAGES)
     if health.system_info().get("AVX512_VNNI") == "1":
         wanted.add(health.PACKED_WEIGHTS)  # its kernel needs AVX-512 VNNI
     missing = wanted - set(health.build_patches())
@@ -358,11 +361,39 @@ def test_build_patches_reads_the_marker(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.Q4_1_KERNEL] + b"...")
     assert health.build_patches(tmp_path) == [health.Q4_1_KERNEL]
     (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + b"..".join(health.PATCH_MARKERS.values()))
-    # RPC's is in its own library
-    assert health.build_patches(tmp_path) == [p for p in health.PATCH_MARKERS if p != health.RPC_LOST]
+    # RPC's and the huge pages' are in their own libraries
+    own = (health.RPC_LOST, health.HUGE_PAGES)
+    assert health.build_patches(tmp_path) == [p for p in health.PATCH_MARKERS if p not in own]
     (tmp_path / "libggml-rpc.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.RPC_LOST])
+    (tmp_path / "libggml-base.so").write_bytes(b"\0ELF..." + health.PATCH_MARKERS[health.HUGE_PAGES])
     assert health.build_patches(tmp_path) == list(health.PATCH_MARKERS)
-    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock")
-    (tmp_path / "libggml-rpc.so").write_bytes(b"\0ELF stock")
+    for name in ("libggml-cpu.so", "libggml-rpc.so", "libggml-base.so"):
+        (tmp_path / name).write_bytes(b"\0ELF stock")
     assert health.build_patches(tmp_path) == []
     assert health.build_patches(tmp_path / "missing") == []
+
+
+def _anon_huge_kb() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+
+
+def test_loaded_weights_ask_for_huge_pages(model_path):
+    """lookahead.load reads the weights into ggml's buffers, which the set-up's build asks to
+    have on 2 MiB pages: where the kernel's transparent huge pages are on, most of the weights
+    get them (a decode streams them all)."""
+    import gc
+
+    import lookahead
+
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not sys.platform.startswith("linux") or not os.path.exists(thp) or "[never]" in open(thp).read():
+        pytest.skip("transparent huge pages are off, or not Linux's")
+    if health.HUGE_PAGES not in health.build_patches():
+        pytest.skip("a build without lookahead's patches")
+    gc.collect()  # models of earlier tests freed now, not while this one loads
+    before = _anon_huge_kb()
+    fast = lookahead.load(str(model_path), n_ctx=256)
+    gained = _anon_huge_kb() - before
+    size_kb = model_path.stat().st_size // 1024
+    assert gained >= size_kb // 2, f"{gained} KiB on huge pages for a {size_kb} KiB model"
