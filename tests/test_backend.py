@@ -361,7 +361,7 @@ def test_contention_at_a_long_position_is_judged_against_that_position(wall_ms, 
     assert target.contended is contended and bool(switched) is contended
 
 
-def test_load_turns_flash_attention_on_unless_told_otherwise(monkeypatch, tmp_path):
+def test_load_turns_flash_attention_on_and_reads_the_weights_unless_told_otherwise(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from lookahead.adapters.llama_cpp import wrapping
@@ -377,10 +377,11 @@ def test_load_turns_flash_attention_on_unless_told_otherwise(monkeypatch, tmp_pa
 
     monkeypatch.setattr(wrapping, "lib", lambda: SimpleNamespace(Llama=llama))
     monkeypatch.setattr(wrapping, "resolve", lambda model: tmp_path / "model.gguf")
-    for kwargs in ({}, {"flash_attn": False}):
+    for kwargs in ({}, {"flash_attn": False}, {"use_mmap": True}):
         with pytest.raises(Loaded):
             wrapping.load("model", **kwargs)
-    assert [kw["flash_attn"] for kw in seen] == [True, False]
+    assert [kw["flash_attn"] for kw in seen] == [True, False, True]
+    assert [kw["use_mmap"] for kw in seen] == [False, False, True]
 
 
 def _keyed_llm(tmp_path, flash: int = 1):

@@ -116,6 +116,10 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
     flash_attn defaults to True, as in llama.cpp's own tools: on a CPU it makes the prompt's
     prefill cheaper, and the set-up's build keeps it exact (greedy output differs between the
     two settings at near-ties, each setting's speculation matching its own plain decoding).
+    use_mmap defaults to False: the weights are read into memory of the process, which the
+    set-up's build puts on 2 MiB pages on Linux (every decode streams them; mapped from the
+    file they stay on 4 KiB pages). It costs the model's size in memory beside the file's
+    cached pages, and about a second more to load; use_mmap=True maps them instead.
     `rpc`: llama.cpp RPC servers ("host:port", a list, or "h1:p1,h2:p2") to split the model
     across (`adapters.llama_cpp.rpc`); they are registered first, and n_gpu_layers defaults
     to -1 (every layer on them) unless given. A server that is down raises RpcError naming it.
@@ -135,6 +139,7 @@ def load(model_path: str | os.PathLike | None = None, n_ctx: int = 4096, n_threa
         rpc_servers.register(rpc)
         llama_kwargs["n_gpu_layers"] = rpc_servers.offload_layers(llama_kwargs.get("n_gpu_layers"))
     llama_kwargs.setdefault("flash_attn", True)
+    llama_kwargs.setdefault("use_mmap", False)
     llm = lib().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=verbose, **llama_kwargs)
     if tree_width > 1:
         enable_tree_drafts(llm, tree_width)
