@@ -81,7 +81,7 @@ def _products(ggml, wtype: int, weights: np.ndarray, xs: np.ndarray, threads: in
     through ggml_backend_buffer_free."""
     base, cpu = ggml
     m, k = weights.shape
-    ctx = base.ggml_init(_InitParams(256 << 20, None, False))
+    ctx = base.ggml_init(_InitParams((256 << 20) + len(xs) * (2 << 20), None, False))  # 2 MiB a one-column product
     assert ctx, "ggml_init failed"
     wctx = base.ggml_init(_InitParams(1 << 16, None, True))  # the weights' tensor, its data elsewhere
     assert wctx, "ggml_init failed"
@@ -199,7 +199,8 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         pytest.skip("this build lacks lookahead's K-quant patch (scripts/setup.sh applies it)")
     rng = np.random.default_rng(m * 11 + k + wtype)
     weights = rng.normal(0.01, 0.05, size=(m, k))
-    for n in (*range(1, 18), 24, 64, 100):
+    # 200 and 300: a window of the tiled loop's 256 columns nearly full, and two windows
+    for n in (*range(1, 18), 24, 64, 100, *((200, 300) if m * k < 1_000_000 else ())):
         xs = rng.normal(0, 1, size=(n, k))
         for threads in (1, 2):
             raw, batched, single = _products(ggml, wtype, weights, xs, threads=threads)
