@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -387,14 +388,15 @@ def test_loaded_weights_ask_for_huge_pages(model_path):
 
     import lookahead
 
-    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
-    if not sys.platform.startswith("linux") or not os.path.exists(thp) or "[never]" in open(thp).read():
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not sys.platform.startswith("linux") or not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("transparent huge pages are off, or not Linux's")
     if health.HUGE_PAGES not in health.build_patches():
         pytest.skip("a build without lookahead's patches")
     gc.collect()  # models of earlier tests freed now, not while this one loads
     before = _anon_huge_kb()
-    fast = lookahead.load(str(model_path), n_ctx=256)
+    model = lookahead.load(str(model_path), n_ctx=256)
     gained = _anon_huge_kb() - before
+    del model  # held until its pages were counted
     size_kb = model_path.stat().st_size // 1024
     assert gained >= size_kb // 2, f"{gained} KiB on huge pages for a {size_kb} KiB model"
