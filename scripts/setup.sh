@@ -13,8 +13,8 @@
 # rows equal one-token rows, K-quants and flash attention included, a vectorised Q8_K
 # activation quantizer that writes the scalar one's bytes, a faster tiled K-quant kernel
 # with the same results, batches of Q4_K and Q6_K weights from a packed copy with the
-# same results (AVX-512 VNNI), and an RPC server lost mid-request reported as an error
-# instead of an abort);
+# same results (AVX-512 VNNI), ggml's large buffers on 2 MiB pages (Linux), and an RPC
+# server lost mid-request reported as an error instead of an abort);
 # LOOKAHEAD_NO_PATCHES=1 builds the stock source. llama.cpp's RPC backend is built in, and
 # .venv/bin/ggml-rpc-server from the same patched source (about a minute more), for models
 # split across hosts (README, "Beyond one machine"); LOOKAHEAD_RPC=0 leaves both out. Safe to
