@@ -375,28 +375,44 @@ def test_build_patches_reads_the_marker(tmp_path):
     assert health.build_patches(tmp_path / "missing") == []
 
 
-def _anon_huge_kb() -> int:
+_HUGE_PAGES_AFTER_LOAD = """
+import sys
+import lookahead
+
+def anon_huge_kb():
     with open("/proc/self/smaps_rollup") as f:
         return sum(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+
+before = anon_huge_kb()
+model = lookahead.load(sys.argv[1], n_ctx=256)
+print(anon_huge_kb() - before)
+"""
 
 
 def test_loaded_weights_ask_for_huge_pages(model_path):
     """lookahead.load reads the weights into ggml's buffers, which the set-up's build asks to
     have on 2 MiB pages: where the kernel's transparent huge pages are on, most of the weights
-    get them (a decode streams them all)."""
-    import gc
-
-    import lookahead
+    get them (a decode streams them all). In a fresh process: in this one, memory that earlier
+    tests freed may hold them, its pages counted before."""
+    import subprocess
 
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not sys.platform.startswith("linux") or not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("transparent huge pages are off, or not Linux's")
     if health.HUGE_PAGES not in health.build_patches():
         pytest.skip("a build without lookahead's patches")
-    gc.collect()  # models of earlier tests freed now, not while this one loads
-    before = _anon_huge_kb()
-    model = lookahead.load(str(model_path), n_ctx=256)
-    gained = _anon_huge_kb() - before
-    del model  # held until its pages were counted
+    child = subprocess.run([sys.executable, "-c", _HUGE_PAGES_AFTER_LOAD, str(model_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    gained = int(child.stdout.split()[-1])
     size_kb = model_path.stat().st_size // 1024
     assert gained >= size_kb // 2, f"{gained} KiB on huge pages for a {size_kb} KiB model"
+
+
+def test_transparent_huge_pages_reads_the_chosen_mode(tmp_path):
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    assert health.transparent_huge_pages(str(setting)) == "madvise"
+    setting.write_text("always madvise [never]\n")
+    assert health.transparent_huge_pages(str(setting)) == "never"
+    assert health.transparent_huge_pages(str(tmp_path / "missing")) is None
