@@ -58,6 +58,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def transparent_huge_pages(setting: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str | None:
+    """The kernel's transparent huge pages mode ("always", "madvise" or "never"; None where it
+    does not say): with "never", the set-up's build's large buffers stay on 4 KiB pages."""
+    try:
+        text = Path(setting).read_text()
+    except OSError:
+        return None
+    chosen = [word[1:-1] for word in text.split() if word.startswith("[") and word.endswith("]")]
+    return chosen[0] if chosen else None
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -346,8 +357,9 @@ def _child(model_path: str, context_tokens: int, reps: int) -> None:
     # (at least n_batch: llama-cpp-python cuts n_batch down to n_ctx, and the measurement key
     # holds it, which would then differ from the defaults' key the measurements are kept for)
     n_ctx = max(context_tokens + max(PROBE_SIZES) + 16, 512)
+    # the weights read, not mapped, as lookahead.load has them (on 2 MiB pages where the build asks)
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=-1 if endpoints else 0,
-                          flash_attn=os.environ.get(FLASH_ATTN_ENV, "1") != "0", verbose=False)
+                          flash_attn=os.environ.get(FLASH_ATTN_ENV, "1") != "0", use_mmap=False, verbose=False)
     target = LlamaCppTarget(llm, threads="keep")
     stage("prepare")
     target.prepare()  # else the first batch timed below would pay for it

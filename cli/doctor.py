@@ -66,6 +66,7 @@ def doctor(model_path, context_tokens, as_json):
         "compiled_features": {k: v for k, v in info.items()},
         "gpu_offload": health.gpu_offload(),
         "patches": patches,
+        "transparent_huge_pages": health.transparent_huge_pages(),
         "exact_batches": {"requested": exact_on, "other_mode": other.to_dict() if other is not None else None},
         "cpu": {"model": health.cpu_model(), "count": os.cpu_count(),
                 "reports": sorted(f for f in CPU_FLAGS_SHOWN if f in flags)},
@@ -97,6 +98,10 @@ def _print(report: dict, result, other=None) -> None:
     echo(f"  backend:   {'GPU offload available' if report['gpu_offload'] else 'CPU only (no GPU offload in this build)'}")
     echo(f"  patches:   {', '.join(report['patches']) if report['patches'] else 'none (stock llama.cpp)'}"
          + ("" if report["patches"] else "; scripts/setup.sh adds a batch kernel for Q4_1 weights"))
+    thp = report["transparent_huge_pages"]
+    if thp is not None:
+        echo(f"  huge pages: the kernel's transparent huge pages are \"{thp}\""
+             + ("" if thp != "never" else ": the weights stay on 4 KiB pages, and decodes are a little slower"))
     cpu = report["cpu"]
     echo(f"cpu: {cpu['model']}, {cpu['count']} logical CPUs")
     echo(f"  reports:   {' '.join(cpu['reports']) or '(no x86 flags read)'}")
