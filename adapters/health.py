@@ -13,6 +13,7 @@ line per stage and a final JSON line with the timings.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -126,12 +127,22 @@ def build_patches(lib: Path | None = None) -> list[str]:
     for name, marker in PATCH_MARKERS.items():
         for f in sorted(lib.glob(PATCH_LIBRARIES.get(name, "libggml-cpu*"))) if lib.is_dir() else []:
             try:
-                if f.is_file() and not f.is_symlink() and marker in f.read_bytes():
-                    found.append(name)
-                    break
+                if f.is_file() and not f.is_symlink():
+                    st = f.stat()
+                    if marker in _markers_in(str(f), st.st_ino, st.st_size, st.st_mtime_ns):
+                        found.append(name)
+                        break
             except OSError:
                 continue
     return found
+
+
+@functools.lru_cache(maxsize=32)
+def _markers_in(path: str, inode: int, size: int, mtime_ns: int) -> frozenset[bytes]:
+    """The patch markers a library file holds, read once per version of the file (inode, size
+    and mtime are part of the key): a wrap asks several times, and the CPU library is megabytes."""
+    data = Path(path).read_bytes()
+    return frozenset(m for m in PATCH_MARKERS.values() if m in data)
 
 
 def build_identity() -> str:

@@ -375,6 +375,17 @@ def test_build_patches_reads_the_marker(tmp_path):
     assert health.build_patches(tmp_path / "missing") == []
 
 
+def test_build_patches_reads_each_library_once(tmp_path, monkeypatch):
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF..." + b"..".join(health.PATCH_MARKERS.values()))
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    first = health.build_patches(tmp_path)
+    assert health.build_patches(tmp_path) == first and reads == ["libggml-cpu.so"]
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\0ELF stock, a new build")  # a new version is read again
+    assert health.build_patches(tmp_path) == [] and reads == ["libggml-cpu.so"] * 2
+
+
 _HUGE_PAGES_AFTER_LOAD = """
 import sys
 import lookahead
