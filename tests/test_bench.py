@@ -646,3 +646,17 @@ def test_llama_server_counts_a_reasoning_models_thoughts_as_decoded_tokens():
                                 0.0, 1)
     assert run.text == "c d" and run.output_tokens == 4
     assert run.decode_cost == pytest.approx(0.040)
+
+
+def test_llama_server_loads_the_weights_as_the_local_methods_do(monkeypatch, tmp_path):
+    """Read weights (--load-mode none) beside a Llama with use_mmap=False, llama.cpp's default
+    (a mapped file) beside one that maps them."""
+    import subprocess
+
+    from lookahead.cli.bench import llama_server
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **kw: started.append(args))
+    for mmap in (False, True):
+        llama_server.LlamaServer(tmp_path / "llama-server", tmp_path / "m.gguf", 512, 2, 0, mmap=mmap)
+    assert started[0][-2:] == ["--load-mode", "none"] and "--load-mode" not in started[1]

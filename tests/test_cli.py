@@ -117,6 +117,21 @@ def test_flash_attention_is_on_unless_turned_off():
     assert "--no-flash-attn" in CliRunner().invoke(probe, ["--help"]).output
 
 
+def test_weights_are_read_unless_mapped():
+    import click
+    from click.testing import CliRunner
+    from lookahead.cli.options import llama_settings, model_options
+
+    @click.command()
+    @model_options()
+    def probe(model_path, n_ctx, threads, gpu_layers, tree_width):
+        click.echo(llama_settings(n_ctx, threads, gpu_layers)["use_mmap"])
+
+    assert CliRunner().invoke(probe, []).output.strip() == "False"
+    assert CliRunner().invoke(probe, ["--mmap"]).output.strip() == "True"
+    assert "--no-mmap" in CliRunner().invoke(probe, ["--help"]).output
+
+
 @pytest.mark.model
 def test_the_first_run_says_once_that_it_times_decodes(tmp_path):
     env = {**os.environ, "LOOKAHEAD_CACHE_DIR": str(tmp_path)}

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from ..options import dist_version, flash_attn_setting
+from ..options import dist_version, flash_attn_setting, mmap_setting
 from .measures import _round, geometric_mean, rotated, workload_seed
 from .llama_server import ServerProcess, free_port
 from .methods import WARMUP_TOKENS
@@ -329,6 +329,8 @@ class ServeProcess(ServerProcess):
             args += ["--threads", str(threads)]
         if not flash_attn_setting():
             args.append("--no-flash-attn")
+        if mmap_setting():
+            args.append("--mmap")
         self.args = ["lookahead", *args]
         self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         code = "from lookahead.cli.main import main; main(prog_name='lookahead')"

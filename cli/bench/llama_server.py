@@ -91,12 +91,12 @@ class LlamaServer(ServerProcess):
     """
 
     def __init__(self, binary: Path, model_path: Path, n_ctx: int, threads: int, gpu_layers: int,
-                 spec_args: Sequence[str] = (), flash_attn: bool = True):
+                 spec_args: Sequence[str] = (), flash_attn: bool = True, mmap: bool = True):
         self.port = free_port()
         self.spec_args = tuple(spec_args)
         args = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
                 "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "-ngl", str(gpu_layers),
-                "-fa", "on" if flash_attn else "off", *self.spec_args]
+                "-fa", "on" if flash_attn else "off", *([] if mmap else ["--load-mode", "none"]), *self.spec_args]
         self.args = args
         self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)

@@ -52,11 +52,12 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
             raise click.ClickException(f"cannot load model {str(path)!r}: {e}") from None
         runners: dict[str, Callable[..., Run]] = {m: local.run for m in methods}
         flash_attn = bool(llama.get("flash_attn", False))
+        mmap = bool(llama.get("use_mmap", True))  # llama_cpp.Llama's default
         if llama_server is not None:
             threads = llama.get("n_threads") or os.cpu_count() or 1
             for spec_args, method in zip(((), *SERVER_SPEC_MODES.values()), SERVER_METHODS):
                 start = partial(LlamaServer, llama_server, path, llama["n_ctx"], threads, llama["n_gpu_layers"],
-                                spec_args, flash_attn=flash_attn)
+                                spec_args, flash_attn=flash_attn, mmap=mmap)
                 server = ColdServer(start) if spec_args else start()  # a cold server starts at each call
                 stack.callback(server.close)
                 if isinstance(server, LlamaServer):
@@ -83,7 +84,7 @@ def bench_model(path: Path, llama: dict[str, Any], methods: Sequence[str], workl
             "threads): their timings are not this machine's quiet speed")
     config = {
         "model": str(path), "n_ctx": llama["n_ctx"], "threads": llama_threads, "gpu_layers": llama["n_gpu_layers"],
-        "flash_attn": flash_attn,
+        "flash_attn": flash_attn, "use_mmap": mmap,
         "reps": reps, "temperatures": list(temperatures), "methods": order, "pld_tokens": pld_tokens,
         "llama_server": str(llama_server) if llama_server else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
