@@ -121,6 +121,17 @@ def test_prepare_leaves_the_kv_cache_and_the_llama_as_they_were(fresh):
     assert got == want
 
 
+@pytest.mark.model
+def test_prepare_does_nothing_where_weights_are_not_packed(fresh, monkeypatch):
+    from lookahead.adapters import exact
+    from lookahead.adapters.llama_cpp import LlamaCppTarget
+
+    monkeypatch.setenv(exact.PACK_ENV, "0")
+    target = LlamaCppTarget(fresh, threads="keep")
+    n = fresh.n_tokens
+    assert target.prepare() == 0.0 and fresh.n_tokens == n
+
+
 class _RowsTarget:
     """Logits rows as a function of (position, token); batched rows after the first can be
     shifted, as llamafile's kernels shift them. Holds a KV length and checks rollbacks."""

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import health
+from .. import exact, health
 
 
 class OneOffWork:
@@ -32,7 +32,8 @@ class OneOffWork:
         if self.prepared_ms is not None:
             return self.prepared_ms
         self.prepared_ms = 0.0
-        if not self.batch_exact or health.PACKED_WEIGHTS not in health.build_patches():
+        if (not self.batch_exact or not exact.packing_on()
+                or health.PACKED_WEIGHTS not in health.build_patches()):
             return 0.0
         llm = self.llm
         base = int(llm.n_tokens)
