@@ -43,20 +43,28 @@ FLASH_ATTN_HELP = ("llama.cpp's flash attention (on by default, as in llama.cpp'
 FLASH_ATTN_META = "lookahead.flash_attn"
 
 
-def _flash_attn(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    ctx.meta[FLASH_ATTN_META] = value
+def _kept_flag(decls: str, meta: str, default: bool, help: str) -> Callable:
+    """A --x/--no-x option whose value is kept in the command's context (not passed to it), for
+    `_kept_setting(meta, default)` to read wherever the model is loaded."""
+    def keep(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        ctx.meta[meta] = value
+
+    return click.option(decls, default=default, show_default=True, expose_value=False, callback=keep, help=help)
+
+
+def _kept_setting(meta: str, default: bool) -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx.meta.get(meta, default)) if ctx is not None else default
 
 
 def flash_attn_option(help: str = FLASH_ATTN_HELP) -> Callable:
     """--flash-attn/--no-flash-attn (default on); `flash_attn_setting()` gives its value."""
-    return click.option("--flash-attn/--no-flash-attn", default=True, show_default=True, expose_value=False,
-                        callback=_flash_attn, help=help)
+    return _kept_flag("--flash-attn/--no-flash-attn", FLASH_ATTN_META, True, help)
 
 
 def flash_attn_setting() -> bool:
     """--flash-attn/--no-flash-attn as this command was given it (default: on)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx.meta.get(FLASH_ATTN_META, True)) if ctx is not None else True
+    return _kept_setting(FLASH_ATTN_META, True)
 
 
 MMAP_HELP = ("Map the model file instead of reading it (off by default): mapped weights load faster and share the "
@@ -65,14 +73,9 @@ MMAP_HELP = ("Map the model file instead of reading it (off by default): mapped 
 MMAP_META = "lookahead.mmap"
 
 
-def _mmap(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    ctx.meta[MMAP_META] = value
-
-
 def mmap_setting() -> bool:
     """--mmap/--no-mmap as this command was given it (default: off, as lookahead.load)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx.meta.get(MMAP_META, False)) if ctx is not None else False
+    return _kept_setting(MMAP_META, False)
 
 
 RPC_HELP = ("Split the model across llama.cpp RPC servers (.venv/bin/ggml-rpc-server on each host, built by "
@@ -124,8 +127,7 @@ def model_options(tree_width: bool = True) -> Callable:
         click.option("--exact/--no-exact", default=None, expose_value=False, callback=_exact_batches,
                      help=EXACT_HELP),
         flash_attn_option(),
-        click.option("--mmap/--no-mmap", default=False, show_default=True, expose_value=False, callback=_mmap,
-                     help=MMAP_HELP),
+        _kept_flag("--mmap/--no-mmap", MMAP_META, False, MMAP_HELP),
     ]
     if tree_width:
         options.append(click.option(
