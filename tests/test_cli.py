@@ -102,7 +102,10 @@ def test_exact_needs_the_patched_build(monkeypatch):
     assert health.EXACT_BATCHES_ENV not in os.environ
 
 
-def test_flash_attention_is_on_unless_turned_off():
+@pytest.mark.parametrize("setting, switch, default, shown", [("flash_attn", "--no-flash-attn", True, "--no-flash-attn"),
+                                                             ("use_mmap", "--mmap", False, "--no-mmap")],
+                         ids=["flash attention on unless turned off", "weights read unless mapped"])
+def test_model_switches_reach_the_llama_settings(setting, switch, default, shown):
     import click
     from click.testing import CliRunner
     from lookahead.cli.options import llama_settings, model_options
@@ -110,26 +113,11 @@ def test_flash_attention_is_on_unless_turned_off():
     @click.command()
     @model_options()
     def probe(model_path, n_ctx, threads, gpu_layers, tree_width):
-        click.echo(llama_settings(n_ctx, threads, gpu_layers)["flash_attn"])
+        click.echo(llama_settings(n_ctx, threads, gpu_layers)[setting])
 
-    assert CliRunner().invoke(probe, []).output.strip() == "True"
-    assert CliRunner().invoke(probe, ["--no-flash-attn"]).output.strip() == "False"
-    assert "--no-flash-attn" in CliRunner().invoke(probe, ["--help"]).output
-
-
-def test_weights_are_read_unless_mapped():
-    import click
-    from click.testing import CliRunner
-    from lookahead.cli.options import llama_settings, model_options
-
-    @click.command()
-    @model_options()
-    def probe(model_path, n_ctx, threads, gpu_layers, tree_width):
-        click.echo(llama_settings(n_ctx, threads, gpu_layers)["use_mmap"])
-
-    assert CliRunner().invoke(probe, []).output.strip() == "False"
-    assert CliRunner().invoke(probe, ["--mmap"]).output.strip() == "True"
-    assert "--no-mmap" in CliRunner().invoke(probe, ["--help"]).output
+    assert CliRunner().invoke(probe, []).output.strip() == str(default)
+    assert CliRunner().invoke(probe, [switch]).output.strip() == str(not default)
+    assert shown in CliRunner().invoke(probe, ["--help"]).output
 
 
 @pytest.mark.model
