@@ -407,8 +407,7 @@ def test_loaded_weights_ask_for_huge_pages(model_path):
     tests freed may hold them, its pages counted before."""
     import subprocess
 
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not sys.platform.startswith("linux") or not thp.exists() or "[never]" in thp.read_text():
+    if not sys.platform.startswith("linux") or health.transparent_huge_pages() in (None, "never"):
         pytest.skip("transparent huge pages are off, or not Linux's")
     if health.HUGE_PAGES not in health.build_patches():
         pytest.skip("a build without lookahead's patches")
