@@ -38,12 +38,13 @@ from .drafter import priors  # its tables read through the module, so that a pat
 from .index import SuffixIndex
 from .sequences import agreeing_prefix
 
-# Verify cost t(n) in ms of one decode of n tokens: SmolLM2-135M Q4_1 with 2 threads on 2
-# AMD EPYC cores, as `lookahead bench` measured it (the adapter's `calibrate`, medians of 3
-# rounds, cost_curve_ms in its --json), with scripts/setup.sh's build and its Q4_1 batch kernel
-# (adapters/patches). A stock build's batches cost more there (t(64) 176 ms against 111): give
-# the simulator your machine's curve with `--curve`, in the same form.
-DEFAULT_CURVE = ((1, 7.6), (2, 11.0), (4, 14.4), (8, 25.7), (16, 42.2), (32, 65.7), (64, 111.0))
+# Verify cost t(n) in ms of one decode of n tokens: the default model (Qwen2.5-Coder-1.5B-Instruct
+# Q4_K_M) with 2 threads on 2 AMD EPYC cores with AVX-512 VNNI, exact mode, as `lookahead bench`
+# held it at the end of its run of all 33 workloads on 2026-12-07 (verify_cost_ms in its
+# --json), with scripts/setup.sh's build at fb349f7. Other machines, models and builds have
+# other curves (SmolLM2-135M Q4_1 on the same VM: 1:7.6,2:11.0,4:14.4,8:25.7,16:42.2,32:65.7,
+# 64:111.0): give the simulator yours with `--curve`, in the same form.
+DEFAULT_CURVE = ((1, 29.3), (2, 30.6), (4, 34.1), (8, 63.4), (16, 118.3), (32, 221.2), (64, 432.3))
 
 
 @dataclass
