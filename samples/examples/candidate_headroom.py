@@ -1,0 +1,92 @@
+"""How much of a category's headroom lies in the draft's length, and how much in its tokens.
+
+    .venv/bin/python samples/examples/candidate_headroom.py [TRACES.json] [--curve 1:29.3,2:30.6,...]
+
+Replays recorded outputs (samples/examples/default_model_traces.json by default; see
+docs/simulator.md) with the simulator's cost curve and prints, per category, the decode
+speedup over one decode per token of:
+
+- policy:  the drafter as it runs (`python -m lookahead.simulate`'s figure);
+- length:  the simulator's oracle, which drafts exactly the accepted part of the drafter's own
+           candidate when that pays: the ceiling of any length policy on these candidates;
+- occ>=2:  at every step, the best continuation among all earlier occurrences of the context's
+           last 2 tokens, knowing the output: the ceiling of choosing among those occurrences;
+- occ>=1:  the same among the occurrences of the last token alone;
+- any:     the longest run of the coming output found anywhere in the context.
+
+Each oracle drafts as much of its run as pays ((k + 1) / t(k + 1) against 1 / t(1), by the
+drafter's min_gain). The oracles know the output, so no drafter reaches them; the gaps between
+them say where a better drafter could gain: `length` over `policy` is the length policy's
+share, `occ` and `any` over `length` what other candidates could add.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Sequence
+
+import numpy as np
+
+from lookahead import simulate
+from lookahead.drafter import Drafter
+
+MAX_RUN = 64
+
+
+def _run(context: Sequence[int], future: Sequence[int], starts: Sequence[int]) -> int:
+    """The longest agreement of `future` with the context read from any of `starts`."""
+    best = 0
+    for s in starts:
+        n = 0
+        while n < len(future) and n < MAX_RUN and s + n < len(context) and context[s + n] == future[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def _oracle(prompt: Sequence[int], output: Sequence[int], cost_ms, min_gain: float, suffix: int) -> float:
+    """Decode speedup of drafting, at every step, the best run from occurrences of the
+    context's last `suffix` tokens (0: from anywhere in the context)."""
+    context = list(prompt)
+    pos = 0
+    time_ms = 0.0
+    while pos < len(output):
+        tail = context[len(context) - suffix:] if suffix else []
+        starts = [p for p in range(suffix, len(context)) if context[p - suffix:p] == tail]
+        # a draft leaves room for the pass's own token: at most the output's remaining tokens - 1
+        run = _run(context, output[pos:pos + min(MAX_RUN, len(output) - pos - 1)], starts)
+        rates = [(k + 1) / cost_ms(k + 1) for k in range(run + 1)]
+        k = int(np.argmax(rates))
+        if rates[k] < min_gain * rates[0]:
+            k = 0
+        time_ms += cost_ms(k + 1)
+        context.extend(output[pos:pos + k + 1])
+        pos += k + 1
+    return len(output) * cost_ms(1) / time_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="?", default="samples/examples/default_model_traces.json")
+    parser.add_argument("--curve", help="N:MS,N:MS,... (default: the simulator's DEFAULT_CURVE)")
+    args = parser.parse_args()
+    curve = simulate.DEFAULT_CURVE
+    if args.curve:
+        curve = tuple((int(n), float(ms)) for n, ms in (point.split(":") for point in args.curve.split(",")))
+    cost = simulate.pinned_cost(curve)
+    rows: dict[str, list[list[float]]] = {}
+    for trace in json.load(open(args.traces)):
+        policy, length = simulate.replay_trace(
+            trace, cost, lambda sampled: Drafter(cost, sampled=sampled))
+        prompt = [t for ref in trace.get("references", ()) for t in ref] + list(trace["prompt"])
+        min_gain = Drafter(cost).min_gain
+        oracles = [_oracle(prompt, trace["output"], cost.cost_ms, min_gain, m) for m in (2, 1, 0)]
+        rows.setdefault(trace["category"], []).append([policy.speedup, length.speedup, *oracles])
+    print(f"{'category':12s} {'n':>3s} {'policy':>7s} {'length':>7s} {'occ>=2':>7s} {'occ>=1':>7s} {'any':>7s}")
+    for category, values in rows.items():
+        means = np.exp(np.log(np.array(values)).mean(axis=0))
+        print(f"{category:12s} {len(values):3d} " + " ".join(f"{x:7.3f}" for x in means))
+
+
+if __name__ == "__main__":
+    main()
