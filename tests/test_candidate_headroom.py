@@ -22,10 +22,11 @@ def test_a_copy_is_drafted_whole_from_anywhere(headroom):
     cost = simulate.pinned_cost(FLAT)
     body = list(range(1000, 1060))
     prompt = [1, 2, *body, 3]
-    # Step 1: nothing ends with 3 before, so no occurrence oracle drafts; "any" finds the copy
-    # at once: one plain decode for token 1000 would not be needed.
+    # On a flat curve the speedup is tokens per pass. "any" (suffix 0) finds the whole copy at
+    # the first step: one pass.
     assert headroom._oracle(prompt, body, cost.cost_ms, 1.1, 0) == pytest.approx(60 / 1)
-    # After one plain decode (1000), the last token occurs once before: 59 tokens in one pass.
+    # The last token, 3, occurred nowhere before: one plain decode emits 1000, which occurred
+    # once; the other 59 tokens follow in one pass.
     assert headroom._oracle(prompt, body, cost.cost_ms, 1.1, 1) == pytest.approx(60 / 2)
 
 

@@ -74,12 +74,12 @@ def main() -> None:
     if args.curve:
         curve = tuple((int(n), float(ms)) for n, ms in (point.split(":") for point in args.curve.split(",")))
     cost = simulate.pinned_cost(curve)
+    min_gain = Drafter(cost).min_gain
     rows: dict[str, list[list[float]]] = {}
     for trace in json.load(open(args.traces)):
         policy, length = simulate.replay_trace(
             trace, cost, lambda sampled: Drafter(cost, sampled=sampled))
         prompt = [t for ref in trace.get("references", ()) for t in ref] + list(trace["prompt"])
-        min_gain = Drafter(cost).min_gain
         oracles = [_oracle(prompt, trace["output"], cost.cost_ms, min_gain, m) for m in (2, 1, 0)]
         rows.setdefault(trace["category"], []).append([policy.speedup, length.speedup, *oracles])
     print(f"{'category':12s} {'n':>3s} {'policy':>7s} {'length':>7s} {'occ>=2':>7s} {'occ>=1':>7s} {'any':>7s}")
