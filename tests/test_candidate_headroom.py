@@ -24,10 +24,10 @@ def test_a_copy_is_drafted_whole_from_anywhere(headroom):
     prompt = [1, 2, *body, 3]
     # On a flat curve the speedup is tokens per pass. "any" (suffix 0) finds the whole copy at
     # the first step: one pass.
-    assert headroom._oracle(prompt, body, cost.cost_ms, 1.1, 0) == pytest.approx(60 / 1)
+    assert headroom._oracle(prompt, body, cost, 1.1, 0) == pytest.approx(60 / 1)
     # The last token, 3, occurred nowhere before: one plain decode emits 1000, which occurred
     # once; the other 59 tokens follow in one pass.
-    assert headroom._oracle(prompt, body, cost.cost_ms, 1.1, 1) == pytest.approx(60 / 2)
+    assert headroom._oracle(prompt, body, cost, 1.1, 1) == pytest.approx(60 / 2)
 
 
 def test_new_text_is_never_drafted(headroom):
@@ -35,7 +35,7 @@ def test_new_text_is_never_drafted(headroom):
     prompt = [1, 2, 3, 4]
     output = list(range(500, 520))
     for suffix in (0, 1, 2):
-        assert headroom._oracle(prompt, output, cost.cost_ms, 1.1, suffix) == pytest.approx(1.0)
+        assert headroom._oracle(prompt, output, cost, 1.1, suffix) == pytest.approx(1.0)
 
 
 def test_the_best_of_several_occurrences_is_followed(headroom):
@@ -44,4 +44,4 @@ def test_the_best_of_several_occurrences_is_followed(headroom):
     prompt = [7, 10, 11, 7, 20, 21, 22, 23, 7, 30, 9]
     output = [7, 20, 21, 22, 23]
     # One plain decode emits 7 (9 never occurred before), then 20..23 in one pass.
-    assert headroom._oracle(prompt, output, cost.cost_ms, 1.1, 1) == pytest.approx(5 / 2)
+    assert headroom._oracle(prompt, output, cost, 1.1, 1) == pytest.approx(5 / 2)

@@ -15,7 +15,7 @@ speedup over one decode per token of:
 - any:     the longest run of the coming output found anywhere in the context.
 
 Each oracle drafts as much of its run as pays ((k + 1) / t(k + 1) against 1 / t(1), by the
-drafter's min_gain). The oracles know the output, so no drafter reaches them; the gaps between
+drafter's min_gain: the drafter's own `best_length` with every token certain). The oracles know the output, so no drafter reaches them; the gaps between
 them say where a better drafter could gain: `length` over `policy` is the length policy's
 share, `occ` and `any` over `length` what other candidates could add.
 """
@@ -28,25 +28,16 @@ from typing import Sequence
 import numpy as np
 
 from lookahead import simulate
-from lookahead.drafter import Drafter
+from lookahead.drafter import CostModel, Drafter, best_length
+from lookahead.sequences import agreeing_prefix
 
 MAX_RUN = 64
 
 
-def _run(context: Sequence[int], future: Sequence[int], starts: Sequence[int]) -> int:
-    """The longest agreement of `future` with the context read from any of `starts`."""
-    best = 0
-    for s in starts:
-        n = 0
-        while n < len(future) and n < MAX_RUN and s + n < len(context) and context[s + n] == future[n]:
-            n += 1
-        best = max(best, n)
-    return best
-
-
-def _oracle(prompt: Sequence[int], output: Sequence[int], cost_ms, min_gain: float, suffix: int) -> float:
+def _oracle(prompt: Sequence[int], output: Sequence[int], cost: CostModel, min_gain: float, suffix: int) -> float:
     """Decode speedup of drafting, at every step, the best run from occurrences of the
-    context's last `suffix` tokens (0: from anywhere in the context)."""
+    context's last `suffix` tokens (0: from anywhere in the context): as much of it as the
+    drafter's own length rule (`best_length`, every token certain) finds pays."""
     context = list(prompt)
     pos = 0
     time_ms = 0.0
@@ -54,15 +45,13 @@ def _oracle(prompt: Sequence[int], output: Sequence[int], cost_ms, min_gain: flo
         tail = context[len(context) - suffix:] if suffix else []
         starts = [p for p in range(suffix, len(context)) if context[p - suffix:p] == tail]
         # a draft leaves room for the pass's own token: at most the output's remaining tokens - 1
-        run = _run(context, output[pos:pos + min(MAX_RUN, len(output) - pos - 1)], starts)
-        rates = [(k + 1) / cost_ms(k + 1) for k in range(run + 1)]
-        k = int(np.argmax(rates))
-        if rates[k] < min_gain * rates[0]:
-            k = 0
-        time_ms += cost_ms(k + 1)
+        future = output[pos:pos + min(MAX_RUN, len(output) - pos - 1)]
+        run = max((agreeing_prefix(context[s:s + len(future)], future) for s in starts), default=0)
+        k, _ = best_length(np.ones(run), cost.curve(), min_gain)
+        time_ms += cost.cost_ms(k + 1)
         context.extend(output[pos:pos + k + 1])
         pos += k + 1
-    return len(output) * cost_ms(1) / time_ms
+    return len(output) * cost.cost_ms(1) / time_ms
 
 
 def main() -> None:
@@ -80,7 +69,7 @@ def main() -> None:
         policy, length = simulate.replay_trace(
             trace, cost, lambda sampled: Drafter(cost, sampled=sampled))
         prompt = [t for ref in trace.get("references", ()) for t in ref] + list(trace["prompt"])
-        oracles = [_oracle(prompt, trace["output"], cost.cost_ms, min_gain, m) for m in (2, 1, 0)]
+        oracles = [_oracle(prompt, trace["output"], cost, min_gain, m) for m in (2, 1, 0)]
         rows.setdefault(trace["category"], []).append([policy.speedup, length.speedup, *oracles])
     print(f"{'category':12s} {'n':>3s} {'policy':>7s} {'length':>7s} {'occ>=2':>7s} {'occ>=1':>7s} {'any':>7s}")
     for category, values in rows.items():
