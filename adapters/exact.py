@@ -117,6 +117,8 @@ K_QUANT_PADDING = (12, 16)
 # (ggml-weights-packed-small-batches.patch, unless LOOKAHEAD_PACK_WEIGHTS=0) every batch of Q4_K
 # and Q6_K weights goes without padding: t(24) 192-205 ms, t(32) 260-281.
 K_QUANT_PADDING_VNNI = (17, 16)
+# Built with AVX2 and without AVX-512 VNNI, 12 or more columns of Q4_K and Q6_K weights go in
+# steps of 4 columns (rows in lanes, ggml-x86-k-quants-in-lanes.patch), so nothing is padded.
 # llama_ftype ids (llama.h) of files whose weights are nearly all Q4_K, Q5_K or Q6_K:
 # Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K.
 _K_QUANT_FILE_TYPES = frozenset({14, 15, 16, 17, 18})
@@ -126,12 +128,13 @@ _Q4_K_Q6_K_FILE_TYPES = frozenset({15, 18})
 
 
 def batch_padding(exactness: Exactness, file_type: str | int | None,
-                  avx512_vnni: bool = False, packed: bool = False) -> tuple[int, int] | None:
+                  avx512_vnni: bool = False, packed: bool = False, lanes: bool = False) -> tuple[int, int] | None:
     """How the batches of a model with this `general.file_type` are padded (from_n, multiple),
     or None when their cost has no such steps or they are not known (the stock kernels).
     `avx512_vnni`: the build's CPU backend has AVX-512 VNNI (health.system_info(); the kernel
     also needs AVX-512 VL, which every CPU with VNNI has). `packed`: the build packs Q4_K and
-    Q6_K weights for batches, and packing is on (`packing_on()`)."""
+    Q6_K weights for batches, and packing is on (`packing_on()`). `lanes`: the build holds
+    the AVX2 kernel with rows in lanes (health.ROWS_IN_LANES, compiled in without VNNI only)."""
     try:
         ftype = int(file_type) if file_type is not None else None
     except ValueError:
@@ -139,6 +142,8 @@ def batch_padding(exactness: Exactness, file_type: str | int | None,
     if exactness.exact and ftype in _K_QUANT_FILE_TYPES:
         if avx512_vnni and ftype in _Q4_K_Q6_K_FILE_TYPES:
             return None if packed else K_QUANT_PADDING_VNNI
+        if lanes and ftype in _Q4_K_Q6_K_FILE_TYPES:
+            return None
         return K_QUANT_PADDING
     return None
 

@@ -100,10 +100,14 @@ TILED_SAME_RESULTS = "tiled K-quant speed-ups"  # speed only: ggml's AVX2 microt
 # speed only, with AVX-512 VNNI: exact batches of Q4_K and Q6_K from a packed copy of the weights
 PACKED_WEIGHTS = "packed batches"
 HUGE_PAGES = "huge-page buffers"  # speed only, on Linux: ggml's large buffers ask for 2 MiB pages
+# speed only, with AVX2 and without AVX-512 VNNI: batches of 12 or more columns of Q4_K and Q6_K
+# with the weight rows in lanes
+ROWS_IN_LANES = "rows-in-lanes batches"
 PATCH_MARKERS = {Q4_1_KERNEL: b"tinyBLAS_Q4_1_AVX2", K_QUANT_EXACT: b"la_exact_rows",
                  RPC_LOST: b"ggml_backend_rpc_lost", FLASH_ATTN_EXACT: b"la_exact_flash_attn",
                  Q8_K_QUANTIZER: b"la_quantize_row_q8_K_avx2", TILED_SAME_RESULTS: b"la_tiled_same_results",
-                 PACKED_WEIGHTS: b"la_packed_batches", HUGE_PAGES: b"la_huge_pages"}
+                 PACKED_WEIGHTS: b"la_packed_batches", HUGE_PAGES: b"la_huge_pages",
+                 ROWS_IN_LANES: b"la_lanes_batches"}
 PATCH_LIBRARIES = {RPC_LOST: "libggml-rpc*", HUGE_PAGES: "libggml-base*"}  # the others: "libggml-cpu*"
 EXACT_PATCHES = (Q4_1_KERNEL, K_QUANT_EXACT)  # what exact batches need (lookahead.adapters.exact)
 

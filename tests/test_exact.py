@@ -158,3 +158,14 @@ def test_the_mode_cannot_change_once_a_model_was_seen(monkeypatch):
     with pytest.raises(ValueError, match="once per process"):
         exact.set_for_process(False)
     assert exact.requested()
+
+
+@pytest.mark.parametrize("file_type, padding", [
+    ("15", None),  # Q4_K_M: 12 or more columns of Q4_K and Q6_K in steps of 4, rows in lanes
+    (18, None),  # Q6_K
+    ("17", (12, 16)),  # Q5_K_M: Q5_K weights keep the tiles from 12 columns
+    ("14", (12, 16)),  # Q4_K_S
+])
+def test_with_rows_in_lanes_no_batch_of_q4_k_and_q6_k_is_padded(file_type, padding):
+    assert exact.batch_padding(exact.Exactness(True), file_type, lanes=True) == padding
+    assert exact.batch_padding(exact.Exactness(False, "--no-exact"), file_type, lanes=True) is None

@@ -212,6 +212,27 @@ def test_k_quant_batches_are_exact_in_exact_mode(ggml, wtype, m, k):
         assert np.abs(batched - exact).max() < 0.02 * scale, f"m={m} k={k} n={n}: off the true product"
 
 
+# The AVX2 kernel with rows in lanes (ggml-x86-k-quants-in-lanes.patch) sums up to 8 of
+# maddubs' 16-bit pair sums before widening them (Q6_K: 2), which holds only while codes times
+# activations stay inside the bounds it was sized for: the largest codes (15 for Q4_K, 63 for
+# Q6_K: every value 1.0 but one -1.0 in each 16) against activations quantized to -128 (every
+# value negative and equal) or 127 reach them. A wrapped sum would be far off the true product.
+@pytest.mark.parametrize("wtype", [GGML_K_QUANTS["Q4_K"], GGML_K_QUANTS["Q6_K"]], ids=["Q4_K", "Q6_K"])
+def test_k_quant_batches_at_the_largest_codes_and_activations(ggml, wtype):
+    m, k = 64, 1024
+    weights = np.ones((m, k))
+    weights[:, ::16] = -1.0
+    for sign in (-1.0, 1.0):
+        for n in (12, 16, 64):
+            xs = np.full((n, k), sign)
+            raw, batched, single = _products(ggml, wtype, weights, xs)
+            exact = xs @ _dequantize_with_ggml(ggml, wtype, raw, m, k).T
+            assert np.abs(batched - exact).max() < 0.02 * np.abs(exact).max(), f"sign {sign} n={n}: off the true product"
+            if health.exact_batches_requested() and health.K_QUANT_EXACT in health.build_patches():
+                differ = np.flatnonzero((batched != single).any(axis=1))
+                assert differ.size == 0, f"sign {sign} n={n}: columns {differ.tolist()} differ from one-column products"
+
+
 # With AVX-512 VNNI, batches (2 or more columns) of Q4_K and Q6_K weights run from a copy of
 # the weights packed at their first such product and found again by the weights' address
 # (ggml-weights-packed-small-batches.patch): freeing their buffer must drop the copy, or the
@@ -344,8 +365,9 @@ def test_setup_compiled_in_the_q4_1_batch_kernel():
 
 def test_setup_compiled_in_the_speed_patches():
     """On x86 with AVX2 the set-up's build also holds the patches that change no result (the
-    Q8_K quantizer, the tiled microtile, on Linux the huge-page buffers, and with AVX-512 VNNI
-    the packed batches): a build without them is slower, not wrong."""
+    Q8_K quantizer, the tiled microtile, on Linux the huge-page buffers, with AVX-512 VNNI the
+    packed batches, without it the rows-in-lanes batches): a build without them is slower, not
+    wrong."""
     if os.environ.get("LOOKAHEAD_NO_PATCHES", "0") != "0":
         pytest.skip("LOOKAHEAD_NO_PATCHES is set: a stock build was asked for")
     if health.system_info().get("AVX2") != "1":
@@ -355,6 +377,8 @@ def test_setup_compiled_in_the_speed_patches():
         wanted.add(health.HUGE_PAGES)
     if health.system_info().get("AVX512_VNNI") == "1":
         wanted.add(health.PACKED_WEIGHTS)  # its kernel needs AVX-512 VNNI
+    else:
+        wanted.add(health.ROWS_IN_LANES)  # compiled in where VNNI is not
     missing = wanted - set(health.build_patches())
     assert not missing, f"llama-cpp-python was built without {sorted(missing)}: run scripts/setup.sh"
 
