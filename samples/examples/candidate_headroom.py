@@ -57,12 +57,10 @@ def _oracle(prompt: Sequence[int], output: Sequence[int], cost: CostModel, min_g
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="?", default="samples/examples/default_model_traces.json")
-    parser.add_argument("--curve", help="N:MS,N:MS,... (default: the simulator's DEFAULT_CURVE)")
+    parser.add_argument("--curve", type=simulate._parse_curve, default=simulate.DEFAULT_CURVE,
+                        help="N:MS,N:MS,... (default: the simulator's DEFAULT_CURVE)")
     args = parser.parse_args()
-    curve = simulate.DEFAULT_CURVE
-    if args.curve:
-        curve = tuple((int(n), float(ms)) for n, ms in (point.split(":") for point in args.curve.split(",")))
-    cost = simulate.pinned_cost(curve)
+    cost = simulate.pinned_cost(args.curve)
     min_gain = Drafter(cost).min_gain
     rows: dict[str, list[list[float]]] = {}
     for trace in json.load(open(args.traces)):
