@@ -110,10 +110,11 @@ class LlamaCppTarget(OneOffWork):
     @property
     def batch_padding(self) -> tuple[int, int] | None:
         """How this build pads batches (lookahead.engine.PaddedTarget; adapters.exact)."""
+        patches = health.build_patches()
         return exact.batch_padding(self._exactness, self.llm.metadata.get("general.file_type"),
                                    health.system_info().get("AVX512_VNNI") == "1",
-                                   packed=exact.packing_on() and health.PACKED_WEIGHTS in health.build_patches(),
-                                   lanes=health.ROWS_IN_LANES in health.build_patches())
+                                   packed=exact.packing_on() and health.PACKED_WEIGHTS in patches,
+                                   lanes=health.ROWS_IN_LANES in patches)
 
     @property
     def penalty_last_n(self) -> int:
